@@ -1,0 +1,189 @@
+"""The one place for agentrun's words: API names, phases, reasons, conditions, labels.
+
+Both the operator and the runner import from here; no other module spells these strings.
+The names are a contract (see the API reference in docs/api.md) and must not change.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+GROUP: Final = "agentrun.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+
+RUN_KIND: Final = "AgentRun"
+RUN_PLURAL: Final = "agentruns"
+REPLAY_KIND: Final = "AgentRunReplay"
+REPLAY_PLURAL: Final = "agentrunreplays"
+
+
+class Phase:
+    """AgentRun phases."""
+
+    PENDING: Final = "Pending"
+    RUNNING: Final = "Running"
+    SUCCEEDED: Final = "Succeeded"
+    FAILED: Final = "Failed"
+    CANCELLED: Final = "Cancelled"
+
+    TERMINAL: Final = frozenset({SUCCEEDED, FAILED, CANCELLED})
+    LIVE: Final = frozenset({PENDING, RUNNING})
+
+
+class Reason:
+    """AgentRun `status.reason` values (CamelCase, as Kubernetes reasons are)."""
+
+    # Failures.
+    EVICTED: Final = "Evicted"
+    PREEMPTED: Final = "Preempted"
+    NODE_LOST: Final = "NodeLost"
+    POD_DELETED: Final = "PodDeleted"
+    POD_LOST: Final = "PodLost"
+    OOM_KILLED: Final = "OOMKilled"
+    IMAGE_PULL_FAILED: Final = "ImagePullFailed"
+    INPUT_UNAVAILABLE: Final = "InputUnavailable"
+    DEADLINE_EXCEEDED: Final = "DeadlineExceeded"
+    RATE_LIMITED_AFTER_TOOL_CALL: Final = "RateLimitedAfterToolCall"
+    AGENT_ERROR: Final = "AgentError"
+    STALE: Final = "Stale"
+    # Non-failures.
+    CREATED: Final = "Created"
+    POD_CREATED: Final = "PodCreated"
+    STARTED: Final = "Started"
+    RETRYING: Final = "Retrying"
+    SUCCEEDED: Final = "Succeeded"
+    CANCELLED: Final = "Cancelled"
+
+
+class ReplayPhase:
+    """AgentRunReplay phases."""
+
+    PENDING: Final = "Pending"
+    APPROVED: Final = "Approved"
+    REFUSED: Final = "Refused"
+
+
+class ReplayReason:
+    """AgentRunReplay `status.reason` values: the rows of the decision table."""
+
+    NO_TOOLS_EXECUTED: Final = "NoToolsExecuted"
+    FORCED: Final = "Forced"
+    ORIGINAL_SUCCEEDED: Final = "OriginalSucceeded"
+    ORIGINAL_RUNNING: Final = "OriginalRunning"
+    TOOLS_EXECUTED: Final = "ToolsExecuted"
+    TOOL_STATE_UNKNOWN: Final = "ToolStateUnknown"
+    INPUT_GONE: Final = "InputGone"
+    RUN_NOT_FOUND: Final = "RunNotFound"
+    ALREADY_REPLAYED: Final = "AlreadyReplayed"
+
+
+class Condition:
+    """Condition types and the reasons of the ToolsExecuted condition."""
+
+    SUCCEEDED: Final = "Succeeded"
+    TOOLS_EXECUTED: Final = "ToolsExecuted"
+    APPROVED: Final = "Approved"
+
+    TOOL_CALLS_RECORDED: Final = "ToolCallsRecorded"
+    NO_TOOL_CALLS: Final = "NoToolCalls"
+    TOOL_STATE_UNKNOWN: Final = "ToolStateUnknown"
+
+
+class Trigger:
+    """What started a run (`spec.trigger`)."""
+
+    MANUAL: Final = "manual"
+    SCHEDULE: Final = "schedule"
+    CHAT: Final = "chat"
+    WORKFLOW: Final = "workflow"
+    WEBHOOK: Final = "webhook"
+
+    ALL: Final = (MANUAL, SCHEDULE, CHAT, WORKFLOW, WEBHOOK)
+
+
+# Labels and annotations.
+LABEL_RUN: Final = f"{GROUP}/run"
+LABEL_ATTEMPT: Final = f"{GROUP}/attempt"
+LABEL_REPLAY_OF: Final = f"{GROUP}/replay-of"
+ANNOTATION_FORCE_REPLAY: Final = f"{GROUP}/force-replay"
+# The RBAC verb on agentrunreplays that allows setting ANNOTATION_FORCE_REPLAY.
+VERB_FORCE: Final = "force"
+FORCER_CLUSTER_ROLE: Final = "agentrun-replay-forcer"
+
+# Development node simulation (development tooling only; never acted on in production).
+ANNOTATION_SIMULATE: Final = "dev.agentrun.dev/simulate"
+SIMULATE_NODE_PRESSURE_EVICTION: Final = "node-pressure-eviction"
+SIMULATE_OOM: Final = "oom"
+SIMULATE_LOST: Final = "lost"
+
+DEFAULT_USER_ID: Final = "default"
+DEFAULT_STALE_SECONDS: Final = 6 * 3600
+DEFAULT_TOLERATION_SECONDS: Final = 30
+
+# The scripted model (deterministic, offline runs) and where it reads its script.
+SCRIPTED_MODEL: Final = "scripted"
+ENV_SCRIPT: Final = "AGENTRUN_SCRIPT"
+# Store location, for the operator and every runner.
+ENV_DATABASE_URL: Final = "DATABASE_URL"
+
+
+class RunnerEnv:
+    """Environment variables the operator sets on a runner pod and the runner reads."""
+
+    NAMESPACE: Final = "AGENTRUN_NAMESPACE"
+    RUN_NAME: Final = "AGENTRUN_RUN_NAME"
+    RUN_UID: Final = "AGENTRUN_RUN_UID"
+    ATTEMPT: Final = "AGENTRUN_ATTEMPT"
+    AGENT: Final = "AGENTRUN_AGENT"
+    USER_ID: Final = "AGENTRUN_USER_ID"
+    SESSION_ID: Final = "AGENTRUN_SESSION_ID"
+    MODEL: Final = "AGENTRUN_MODEL"
+    INPUT_DIGEST: Final = "AGENTRUN_INPUT_DIGEST"
+    TRIGGER: Final = "AGENTRUN_TRIGGER"
+    AGENTS_DIR: Final = "AGENTRUN_AGENTS_DIR"
+
+
+class RunnerExit:
+    """Runner exit codes, so that the operator can tell a refusal from an agent failure."""
+
+    SUCCESS: Final = 0
+    AGENT_ERROR: Final = 1
+    USAGE: Final = 2
+    NO_DURABLE_STORE: Final = 3
+    INPUT_UNAVAILABLE: Final = 4
+    RATE_LIMITED_AFTER_TOOL_CALL: Final = 5
+    STORE_UNAVAILABLE: Final = 6
+
+
+class RunStatus:
+    """The `status` column of the run store's runs and attempts (lowercase, store-internal).
+
+    A live status may still change; a settled one never does (see `agentrun.store.settle`).
+    """
+
+    PENDING: Final = "pending"
+    RUNNING: Final = "running"
+    SUCCEEDED: Final = "succeeded"
+    FAILED: Final = "failed"
+    CANCELLED: Final = "cancelled"
+
+    LIVE: Final = frozenset({PENDING, RUNNING})
+    TERMINAL: Final = frozenset({SUCCEEDED, FAILED, CANCELLED})
+
+
+class LedgerOutcome:
+    """The `outcome` of a tool-call ledger row; NULL means the tool has not answered."""
+
+    OK: Final = "ok"
+    ERROR: Final = "error"
+
+
+# Test hook of the sample agents only: the named tool kills its runner with os._exit right
+# after recording its side effect and before answering (a tool that acted, then crashed).
+ENV_TEST_CRASH_IN: Final = "AGENTRUN_TEST_CRASH_IN"
+# The scripted model appends each request it receives (JSON, one per line) to this file.
+ENV_SCRIPT_TRANSCRIPT: Final = "AGENTRUN_SCRIPT_TRANSCRIPT"
+# Long-term memory entries expire after this many days (runner env, default 90).
+ENV_MEMORY_TTL_DAYS: Final = "AGENTRUN_MEMORY_TTL_DAYS"
+DEFAULT_MEMORY_TTL_DAYS: Final = 90
