@@ -1,0 +1,1 @@
+"""agentrun: what the operator and the runner share — the vocabulary and the run store."""

@@ -1,0 +1,232 @@
+"""A real Kubernetes control plane on loopback, for tests and the development cluster.
+
+etcd, kube-apiserver, kube-controller-manager and kube-scheduler are built from the Go
+module proxy by devtools/controlplane/build.sh (cached outside the checkout) and started
+here the way controller-runtime's envtest starts them: free loopback ports, a throwaway
+PKI, an admin client certificate (O=system:masters) in a kubeconfig. Every process is a
+`Child`, so nothing outlives the launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+from agentrun_devtools.certs import PKI
+from agentrun_devtools.processes import Child, free_port, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO / "devtools" / "controlplane" / "build.sh"
+
+# A node that stops reporting is marked NotReady after this long (the default is 40s);
+# runner pods then leave it after their short unreachable/not-ready tolerations.
+NODE_MONITOR_GRACE = "8s"
+NODE_MONITOR_PERIOD = "1s"
+
+
+def binaries() -> Path:
+    """The directory with the control plane binaries, building them on first use."""
+    done = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True
+    )
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+class ControlPlane:
+    """etcd + kube-apiserver (+ kube-controller-manager, kube-scheduler) on loopback."""
+
+    def __init__(
+        self,
+        root: Path | None = None,
+        *,
+        bin_dir: Path | None = None,
+        controller_manager: bool = True,
+        scheduler: bool = True,
+    ) -> None:
+        self.root = root or Path(tempfile.mkdtemp(prefix="agentrun-cp-"))
+        self.bin = bin_dir or binaries()
+        self.with_controller_manager = controller_manager
+        self.with_scheduler = scheduler
+        self.children: list[Child] = []
+        self.kubeconfig = self.root / "kubeconfig"
+        self.port = 0
+        self.startup_seconds = 0.0
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> ControlPlane:
+        began = time.monotonic()
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - began
+        return self
+
+    def _start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        pki = PKI(self.root / "pki")
+        serving = pki.issue(
+            "apiserver", "kube-apiserver", server=True,
+            hosts=("127.0.0.1", "localhost", "10.0.0.1", "kubernetes",
+                   "kubernetes.default", "kubernetes.default.svc"),
+        )
+        admin = pki.issue("admin", "admin", organizations=("system:masters",))
+        sa_public, sa_private = pki.service_account_keys()
+
+        etcd_port, etcd_peer = free_port(), free_port()
+        etcd = self._spawn("etcd", [
+            "--name=default",
+            f"--data-dir={self.root / 'etcd'}",
+            f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+            f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+            f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+            f"--initial-cluster=default=http://127.0.0.1:{etcd_peer}",
+            "--unsafe-no-fsync=true",
+            "--log-level=warn",
+        ])
+        wait_for(lambda: self._http_ok(etcd, f"http://127.0.0.1:{etcd_port}/health"),
+                 timeout=60, what="etcd")
+
+        self.port = free_port()
+        apiserver = self._spawn("kube-apiserver", [
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            f"--cert-dir={self.root / 'apiserver-certs'}",
+            f"--tls-cert-file={serving[0]}",
+            f"--tls-private-key-file={serving[1]}",
+            f"--client-ca-file={pki.ca_cert}",
+            f"--secure-port={self.port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            "--authorization-mode=RBAC",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--allow-privileged=true",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-account-key-file={sa_public}",
+            f"--service-account-signing-key-file={sa_private}",
+            "--endpoint-reconciler-type=none",
+            "--v=1",
+        ])
+        self._write_kubeconfig(admin, pki.ca_cert)
+        wait_for(lambda: self._readyz(apiserver, admin, pki.ca_cert),
+                 timeout=120, what="kube-apiserver")
+
+        if self.with_controller_manager:
+            self._spawn("kube-controller-manager", [
+                f"--kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                f"--root-ca-file={pki.ca_cert}",
+                f"--service-account-private-key-file={sa_private}",
+                f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
+                f"--node-monitor-period={NODE_MONITOR_PERIOD}",
+                "--controllers=*,-nodeipam,-service-lb-controller,-route,-cloud-node-lifecycle",
+                "--v=1",
+            ])
+        if self.with_scheduler:
+            self._spawn("kube-scheduler", [
+                f"--kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                "--v=1",
+            ])
+        if self.with_controller_manager:
+            # Pods need the namespace's default ServiceAccount, which the controller
+            # manager creates: wait for it so that the first test does not race it.
+            wait_for(lambda: self.kubectl("get", "serviceaccount", "default",
+                                          "-n", "default", check=False).returncode == 0,
+                     timeout=60, what="kube-controller-manager (default ServiceAccount)")
+
+    def stop(self) -> None:
+        """Stops every process, newest first, and removes the state directory."""
+        for child in reversed(self.children):
+            child.stop()
+        self.children.clear()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def pids(self) -> list[int]:
+        return [c.pid for c in self.children]
+
+    # -- clients -------------------------------------------------------------------
+
+    def kubectl(
+        self,
+        *args: str,
+        input: str | None = None,
+        as_user: str | None = None,
+        as_groups: Sequence[str] = (),
+        check: bool = True,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess[str]:
+        """Runs kubectl as the admin (or impersonating `as_user`/`as_groups`)."""
+        argv = [str(self.bin / "kubectl"), f"--kubeconfig={self.kubeconfig}"]
+        if as_user:
+            argv.append(f"--as={as_user}")
+        argv += [f"--as-group={g}" for g in as_groups]
+        done = subprocess.run(
+            [*argv, *args], input=input, capture_output=True, text=True, timeout=timeout
+        )
+        if check and done.returncode != 0:
+            raise subprocess.CalledProcessError(
+                done.returncode, done.args, done.stdout, done.stderr
+            )
+        return done
+
+    # -- internals -----------------------------------------------------------------
+
+    def _spawn(self, name: str, args: list[str]) -> Child:
+        child = Child(name, [str(self.bin / name), *args], self.root / "logs" / f"{name}.log",
+                      env={**os.environ})
+        self.children.append(child)
+        return child
+
+    @staticmethod
+    def _http_ok(child: Child, url: str) -> bool:
+        if not child.alive():
+            raise RuntimeError(f"{child.name} exited:\n{child.log_tail()}")
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+
+    def _readyz(self, child: Child, admin: tuple[Path, Path], ca: Path) -> bool:
+        if not child.alive():
+            raise RuntimeError(f"{child.name} exited:\n{child.log_tail()}")
+        context = ssl.create_default_context(cafile=str(ca))
+        context.load_cert_chain(str(admin[0]), str(admin[1]))
+        with urllib.request.urlopen(f"{self.server}/readyz", timeout=2, context=context) as r:
+            return bool(r.status == 200)
+
+    def _write_kubeconfig(self, admin: tuple[Path, Path], ca: Path) -> None:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "agentrun-dev", "cluster": {
+                "server": self.server, "certificate-authority": str(ca)}}],
+            "users": [{"name": "admin", "user": {
+                "client-certificate": str(admin[0]), "client-key": str(admin[1])}}],
+            "contexts": [{"name": "agentrun-dev", "context": {
+                "cluster": "agentrun-dev", "user": "admin", "namespace": "default"}}],
+            "current-context": "agentrun-dev",
+        }
+        # JSON is YAML; kubectl and the Python client read it as a kubeconfig.
+        self.kubeconfig.write_text(json.dumps(config, indent=2))
+        self.kubeconfig.chmod(0o600)

@@ -1,0 +1,132 @@
+"""Child processes that never outlive their owner.
+
+Every server the test suite or the development cluster starts (etcd, kube-apiserver, ...,
+Postgres, runner processes) goes through here: each child runs in its own process group,
+and the group is killed when it is stopped, when the owner exits, or when the owner is
+interrupted. On Linux the child also gets PR_SET_PDEATHSIG, so that even a SIGKILLed
+owner leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import pwd
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+def child_setup(user: str | None = None, die_with_parent: bool = True) -> Callable[[], None]:
+    """What runs in the child between fork and exec: a process group of its own, an
+    optional change of user, and death with the parent."""
+    entry = pwd.getpwnam(user) if user else None
+
+    def setup() -> None:
+        os.setsid()
+        if entry is not None:
+            os.setgroups([])
+            os.setgid(entry.pw_gid)
+            os.setuid(entry.pw_uid)
+        if die_with_parent:
+            # After setuid: a credential change clears the parent-death signal.
+            with contextlib.suppress(OSError, AttributeError):
+                ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    return setup
+
+
+def free_port() -> int:
+    """A loopback TCP port that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(
+    check: Callable[[], bool], *, timeout: float, what: str, interval: float = 0.1
+) -> None:
+    """Polls `check` until it is true; raises TimeoutError naming `what` otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(Exception):
+            if check():
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not ready after {timeout:.0f}s")
+        time.sleep(interval)
+
+
+class Child:
+    """One started server process with its log file."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        *,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        user: str | None = None,
+        die_with_parent: bool = True,
+    ) -> None:
+        self.name = name
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "ab")  # noqa: SIM115 - owned by the Child
+        self.process = subprocess.Popen(
+            list(argv),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=cwd,
+            preexec_fn=child_setup(user, die_with_parent),
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM the whole process group, then SIGKILL what is left after `grace`."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(grace)
+        # The group may hold grandchildren even after the leader exited.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(5)
+        self._log.close()
+
+
+def pids_alive(pids: Sequence[int]) -> list[int]:
+    """The pids among `pids` that still exist and are not zombies."""
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            alive.append(pid)
+    return alive
