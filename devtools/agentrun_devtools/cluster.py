@@ -1,0 +1,183 @@
+"""`make dev-cluster` / `make dev-cluster-down`: the development cluster in the background.
+
+    python -m agentrun_devtools.cluster up   [--state .local]
+    python -m agentrun_devtools.cluster down [--state .local]
+    python -m agentrun_devtools.cluster status
+
+`up` starts a supervisor process in the background that runs the control plane (etcd,
+kube-apiserver, kube-controller-manager, kube-scheduler) and the development node, writes
+the admin kubeconfig to .local/kubeconfig and links kubectl and helm into .local/bin/.
+Running `up` twice is harmless. `down` stops the supervisor (which stops everything it
+started) and removes the cluster's state, including the embedded store .local/agentrun.db.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from agentrun_devtools.controlplane import REPO, ControlPlane, binaries
+from agentrun_devtools.processes import Child, pids_alive, wait_for
+
+DEFAULT_STATE = REPO / ".local"
+
+
+def start_dev_node(plane: ControlPlane, work_dir: Path) -> Child:
+    """Starts the development node against `plane` and waits until the node is Ready."""
+    node = Child(
+        "devnode",
+        [sys.executable, "-m", "agentrun_devtools.devnode",
+         f"--kubeconfig={plane.kubeconfig}", f"--work-dir={work_dir}"],
+        work_dir / "devnode.log",
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (str(REPO / "devtools"), os.environ.get("PYTHONPATH", "")) if p)},
+    )
+
+    def ready() -> bool:
+        if not node.alive():
+            raise RuntimeError(f"development node exited:\n{node.log_tail()}")
+        done = plane.kubectl(
+            "get", "node", "dev-node", "-o",
+            "jsonpath={.status.conditions[?(@.type=='Ready')].status}", check=False)
+        return done.stdout.strip() == "True"
+
+    wait_for(ready, timeout=60, what="development node")
+    return node
+
+
+class _Paths:
+    def __init__(self, state: Path) -> None:
+        self.state = state
+        self.cluster = state / "cluster"
+        self.kubeconfig = state / "kubeconfig"
+        self.bin = state / "bin"
+        self.pid = state / "cluster.pid"
+        self.ready = state / "cluster.ready"
+        self.log = state / "cluster.log"
+        self.pods = state / "pods"
+        self.store = state / "agentrun.db"
+
+
+def _running(paths: _Paths) -> int | None:
+    try:
+        pid = int(paths.pid.read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if pids_alive([pid]) else None
+
+
+def serve(paths: _Paths) -> None:
+    """The supervisor: runs everything until SIGTERM, then stops everything."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    plane = ControlPlane(paths.cluster).start()
+    node: Child | None = None
+    try:
+        shutil.copy(plane.kubeconfig, paths.kubeconfig)
+        paths.kubeconfig.chmod(0o600)
+        paths.bin.mkdir(parents=True, exist_ok=True)
+        for tool in ("kubectl", "helm"):
+            link = paths.bin / tool
+            with contextlib.suppress(FileNotFoundError):
+                link.unlink()
+            link.symlink_to(plane.bin / tool)
+        node = start_dev_node(plane, paths.pods)
+        paths.ready.write_text(f"{plane.server}\n")
+        print(f"control plane ready in {plane.startup_seconds:.1f}s at {plane.server}",
+              flush=True)
+        while not stop.wait(1.0):
+            for child in [*plane.children, node]:
+                if not child.alive():
+                    print(f"{child.name} exited:\n{child.log_tail()}", flush=True)
+                    stop.set()
+    finally:
+        paths.ready.unlink(missing_ok=True)
+        if node is not None:
+            node.stop()
+        plane.stop()
+
+
+def up(paths: _Paths) -> int:
+    if _running(paths) and paths.ready.exists():
+        print(f"development cluster already running; KUBECONFIG={paths.kubeconfig}")
+        return 0
+    if _running(paths):
+        down(paths)
+    paths.state.mkdir(parents=True, exist_ok=True)
+    bin_dir = binaries()  # build (or find cached) binaries in the foreground, with output
+    began = time.monotonic()
+    with open(paths.log, "ab") as log:
+        supervisor = subprocess.Popen(
+            [sys.executable, "-m", "agentrun_devtools.cluster", "serve",
+             f"--state={paths.state}", f"--bin-dir={bin_dir}"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                p for p in (str(REPO / "devtools"), os.environ.get("PYTHONPATH", "")) if p)},
+        )
+    paths.pid.write_text(str(supervisor.pid))
+
+    def ready() -> bool:
+        if supervisor.poll() is not None:
+            raise RuntimeError(f"the development cluster did not start; see {paths.log}:\n"
+                               + "\n".join(paths.log.read_text().splitlines()[-30:]))
+        return paths.ready.exists()
+
+    wait_for(ready, timeout=180, what="development cluster", interval=0.25)
+    print(f"development cluster up in {time.monotonic() - began:.1f}s "
+          f"(control plane, scheduler, controller manager, node dev-node)")
+    print(f"  export KUBECONFIG={paths.kubeconfig}")
+    print(f"  export PATH={paths.bin}:$PATH")
+    return 0
+
+
+def down(paths: _Paths) -> int:
+    pid = _running(paths)
+    if pid:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        try:
+            wait_for(lambda: not pids_alive([pid]), timeout=60, what="cluster shutdown")
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+    for path in (paths.cluster, paths.pods, paths.bin):
+        shutil.rmtree(path, ignore_errors=True)
+    for path in (paths.kubeconfig, paths.pid, paths.ready, paths.store,
+                 Path(f"{paths.store}-wal"), Path(f"{paths.store}-shm")):
+        path.unlink(missing_ok=True)
+    print("development cluster stopped and its state removed")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="the agentrun development cluster")
+    parser.add_argument("command", choices=["up", "down", "status", "serve"])
+    parser.add_argument("--state", type=Path, default=DEFAULT_STATE)
+    parser.add_argument("--bin-dir", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    paths = _Paths(args.state.resolve())
+    if args.command == "up":
+        return up(paths)
+    if args.command == "down":
+        return down(paths)
+    if args.command == "serve":
+        if args.bin_dir:
+            os.environ["AGENTRUN_CONTROLPLANE_BIN"] = str(args.bin_dir)
+        serve(paths)
+        return 0
+    running = _running(paths) and paths.ready.exists()
+    print("running" if running else "not running")
+    return 0 if running else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
