@@ -1,0 +1,124 @@
+"""The run store, shared by the operator and the runner (async, SQLAlchemy 2).
+
+Postgres (psycopg 3) in clusters, SQLite (aiosqlite, WAL) in the development cluster.
+ADK's session tables live in the same database; ours are created by Alembic migrations
+that only the operator runs. Every function takes an `AsyncEngine` from `make_engine`.
+
+Engines and schema
+    make_engine(url, pool_size=3, max_overflow=2) -> AsyncEngine
+    session_service_url(url) -> str          the URL for ADK's DatabaseSessionService
+    is_durable(url) -> bool                  False for missing / in-memory SQLite URLs
+    await migrate(url)                       Alembic upgrade head; idempotent, concurrent-safe
+    await check_schema(engine)               raises StoreNotReady unless at head (runner)
+
+Inputs (content-addressed snapshots)
+    await put_input(engine, text, files: dict[name, bytes]) -> "sha256:<hex>"
+    await get_input(engine, digest) -> Input | None
+    await delete_input(engine, digest) -> bool
+
+Runs and attempts (status: vocabulary.RunStatus)
+    await record_run(engine, uid, namespace, name, agent, trigger, user_id, input_digest,
+                     replay_of=None) -> bool                               operator, idempotent
+    await start_attempt(engine, uid, attempt, session_id, pod_name)        operator, idempotent
+    await begin_attempt(engine, uid, attempt, app_name, user_id, session_id)     runner
+    await record_invocation(engine, uid, attempt, invocation_id)                 runner
+    await record_outcome(engine, uid, attempt, status, reason=None, message=None) -> bool
+                                                                          runner, first wins
+    await get_outcome(engine, uid, attempt) -> Outcome | None
+    await settle(engine, uid, attempt, status, reason, message, tools_executed) -> bool
+        updates only while pending/running: True means this call settled it
+    await set_tools_executed(engine, uid, attempt, tools) -> bool         fills NULL only
+    await get_run(engine, uid) -> Run | None
+    await get_attempt(engine, uid, attempt) -> Attempt | None
+
+Tools
+    await tools_executed(engine, uid, attempt) -> list[str] | None
+        the ledger and the attempt's session function calls, in call order; None = unknown
+    await ledger(engine, uid) -> list[LedgerEntry]     by attempt, then call order
+    await open_call(...) / close_call(...)             the runner's write-ahead ledger
+
+Memory and samples
+    StoreMemoryService(engine, ttl_days=90)            an ADK BaseMemoryService
+    await purge_expired_memory(engine) -> int
+    await outbox(engine, run_name=None) -> list[OutboxRow]   the sample agents' side effects
+"""
+
+from agentrun.store.engine import (
+    async_url,
+    is_durable,
+    make_engine,
+    redact,
+    session_service_url,
+    shared_engine,
+)
+from agentrun.store.inputs import Input, delete_input, get_input, input_digest, put_input
+from agentrun.store.ledger import (
+    LedgerEntry,
+    args_digest,
+    close_call,
+    ledger,
+    open_call,
+    tools_executed,
+)
+from agentrun.store.memory import StoreMemoryService, purge_expired_memory
+from agentrun.store.migrate import StoreNotReady, check_schema, head_revision, migrate
+from agentrun.store.outbox import OutboxRow, outbox, record_side_effect
+from agentrun.store.runs import (
+    Attempt,
+    Outcome,
+    Run,
+    RunNotRecorded,
+    begin_attempt,
+    get_attempt,
+    get_outcome,
+    get_run,
+    record_invocation,
+    record_outcome,
+    record_run,
+    set_tools_executed,
+    settle,
+    start_attempt,
+)
+
+__all__ = [
+    "Attempt",
+    "Input",
+    "LedgerEntry",
+    "OutboxRow",
+    "Outcome",
+    "Run",
+    "RunNotRecorded",
+    "StoreMemoryService",
+    "StoreNotReady",
+    "args_digest",
+    "async_url",
+    "begin_attempt",
+    "check_schema",
+    "close_call",
+    "delete_input",
+    "get_attempt",
+    "get_input",
+    "get_outcome",
+    "get_run",
+    "head_revision",
+    "input_digest",
+    "is_durable",
+    "ledger",
+    "make_engine",
+    "migrate",
+    "open_call",
+    "outbox",
+    "purge_expired_memory",
+    "put_input",
+    "record_invocation",
+    "record_outcome",
+    "record_run",
+    "record_side_effect",
+    "redact",
+    "session_service_url",
+    "set_tools_executed",
+    "settle",
+    "shared_engine",
+    "start_attempt",
+    "tools_executed",
+]

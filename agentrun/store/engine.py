@@ -1,0 +1,148 @@
+"""Store URLs and engines.
+
+Users write sync-looking URLs (`postgresql+psycopg://...`, `sqlite:///path`); everything
+in the store is async, so URLs are normalised to the async driver of the same database
+(psycopg 3 async, aiosqlite). ADK's session tables and ours live in the same database.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from agentrun.vocabulary import ENV_DATABASE_URL
+
+DEFAULT_POOL_SIZE = 3
+DEFAULT_MAX_OVERFLOW = 2
+# Several runner processes and the operator share one SQLite file in the development
+# cluster: wait for the writer lock instead of failing at once.
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+_POSTGRES_DRIVERS = {"", "psycopg", "psycopg2", "psycopg_async", "pg8000"}
+_SQLITE_DRIVERS = {"", "pysqlite", "aiosqlite"}
+
+
+class UnsupportedStoreURL(ValueError):
+    """The URL names a database the run store does not support."""
+
+
+def _parse(url: str) -> URL:
+    if url.startswith("postgres://"):  # Heroku-style alias
+        url = "postgresql://" + url[len("postgres://"):]
+    return make_url(url)
+
+
+def async_url(url: str) -> str:
+    """The same database, with the async driver the store uses (psycopg or aiosqlite)."""
+    parsed = _parse(url)
+    backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
+    if backend == "postgresql":
+        if parsed.drivername != "postgresql" and driver not in _POSTGRES_DRIVERS:
+            return parsed.render_as_string(hide_password=False)  # e.g. asyncpg: keep it
+        return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    if backend == "sqlite":
+        return parsed.set(drivername="sqlite+aiosqlite").render_as_string(hide_password=False)
+    raise UnsupportedStoreURL(
+        f"unsupported store URL scheme {parsed.drivername!r}: use postgresql+psycopg://... "
+        "or sqlite:///path"
+    )
+
+
+def session_service_url(url: str) -> str:
+    """The URL to give ADK's DatabaseSessionService for this store (same database).
+
+    ADK requires an async driver and falls back to a synchronous one when the URL names
+    none, so hand it the normalised async URL.
+    """
+    return async_url(url)
+
+
+def is_durable(url: str | None) -> bool:
+    """Whether `url` names a store that outlives the process (not in-memory SQLite)."""
+    if not url or not url.strip():
+        return False
+    try:
+        parsed = _parse(url.strip())
+    except Exception:
+        return False
+    if parsed.get_backend_name() == "sqlite":
+        database = parsed.database or ""
+        if database in ("", ":memory:") or database.startswith("file::memory:"):
+            return False
+        if parsed.query.get("mode") == "memory":
+            return False
+    return True
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    try:
+        return _parse(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparseable url>"
+
+
+def _on_sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    # WAL lets the operator read while a runner writes; busy_timeout makes writers queue.
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def make_engine(
+    url: str,
+    pool_size: int = DEFAULT_POOL_SIZE,
+    max_overflow: int = DEFAULT_MAX_OVERFLOW,
+    **kwargs: Any,
+) -> AsyncEngine:
+    """An async engine for the store at `url`, its pool capped small.
+
+    Every runner pod is a client of the same database, so the defaults (3 + 2 overflow)
+    are deliberately low; the operator may ask for more.
+    """
+    target = async_url(url)
+    backend = make_url(target).get_backend_name()
+    options: dict[str, Any] = {"pool_size": pool_size, "max_overflow": max_overflow}
+    if backend == "postgresql":
+        options["pool_pre_ping"] = True
+        options["pool_recycle"] = 1800
+    else:
+        options["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
+    options.update(kwargs)
+    engine = create_async_engine(target, **options)
+    if backend == "sqlite":
+        event.listen(engine.sync_engine, "connect", _on_sqlite_connect)
+    return engine
+
+
+def is_sqlite(engine: AsyncEngine) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+def is_postgres(engine: AsyncEngine) -> bool:
+    return engine.dialect.name == "postgresql"
+
+
+_shared: dict[str, AsyncEngine] = {}
+
+
+def shared_engine(url: str | None = None) -> AsyncEngine:
+    """The process-wide engine for `url` (default: $DATABASE_URL).
+
+    The runner and the sample agents' tools share it so that a runner pod holds one small
+    pool. Async engines belong to one event loop: the runner has exactly one.
+    """
+    target = url or os.environ.get(ENV_DATABASE_URL, "")
+    if not is_durable(target):
+        raise UnsupportedStoreURL(f"{ENV_DATABASE_URL} does not name a durable store")
+    engine = _shared.get(target)
+    if engine is None:
+        engine = _shared[target] = make_engine(target)
+    return engine

@@ -1,0 +1,198 @@
+"""The write-ahead tool ledger, and what the store knows about the tools an attempt called.
+
+A ledger row is committed BEFORE its tool runs: the call counts, not the answer. Together
+with ADK's session events (ADK commits the model's function_call event before the tool
+runs) it answers the one question a replay needs: did this attempt touch the world?
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select, text, update
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from agentrun.store.schema import attempts, tool_calls
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One tool call as the ledger saw it. `finished_at` None: the tool never answered."""
+
+    attempt: int
+    seq: int
+    tool: str
+    call_id: str | None
+    args_digest: str
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: str | None
+
+
+def args_digest(args: Mapping[str, Any]) -> str:
+    """`sha256:<hex>` of the call's arguments, canonical JSON (the ledger keeps no values:
+    they may be personal data)."""
+    encoded = json.dumps(args, sort_keys=True, separators=(",", ":"), default=repr)
+    return "sha256:" + hashlib.sha256(encoded.encode("utf-8")).hexdigest()
+
+
+async def open_call(
+    engine: AsyncEngine,
+    uid: str,
+    attempt: int,
+    seq: int,
+    tool: str,
+    call_id: str | None,
+    digest: str,
+) -> None:
+    """Inserts and commits the ledger row of a call that is about to run. Raises if the
+    row could not be committed: the caller must then not run the tool (fail closed)."""
+    async with engine.begin() as conn:
+        await conn.execute(
+            tool_calls.insert().values(
+                run_uid=uid, attempt=attempt, seq=seq, tool=tool, call_id=call_id,
+                args_digest=digest, started_at=datetime.now(UTC),
+            )
+        )
+
+
+async def close_call(engine: AsyncEngine, uid: str, attempt: int, seq: int, outcome: str) -> None:
+    """Marks a ledger row finished with its outcome (vocabulary.LedgerOutcome)."""
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(tool_calls)
+            .where(
+                tool_calls.c.run_uid == uid,
+                tool_calls.c.attempt == attempt,
+                tool_calls.c.seq == seq,
+            )
+            .values(finished_at=datetime.now(UTC), outcome=outcome)
+        )
+
+
+async def ledger(engine: AsyncEngine, uid: str) -> list[LedgerEntry]:
+    """Every ledger row of a run, by attempt then call order (`kubectl agentrun tools`)."""
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            select(tool_calls)
+            .where(tool_calls.c.run_uid == uid)
+            .order_by(tool_calls.c.attempt, tool_calls.c.seq)
+        )
+        return [
+            LedgerEntry(
+                attempt=r.attempt, seq=r.seq, tool=r.tool, call_id=r.call_id,
+                args_digest=r.args_digest, started_at=r.started_at,
+                finished_at=r.finished_at, outcome=r.outcome,
+            )
+            for r in rows
+        ]
+
+
+@dataclass(frozen=True)
+class _Call:
+    tool: str
+    call_id: str | None
+    at: float  # epoch seconds: when the call was made (event) or began (ledger)
+    order: int  # position within its source, to break ties (parallel calls)
+
+
+def function_calls_of(event_data: Mapping[str, Any]) -> list[tuple[str, str | None]]:
+    """(name, id) of each function call in one stored ADK event, in part order."""
+    content = event_data.get("content") or {}
+    calls = []
+    for part in content.get("parts") or []:
+        call = part.get("function_call") if isinstance(part, Mapping) else None
+        if call and call.get("name"):
+            calls.append((str(call["name"]), call.get("id")))
+    return calls
+
+
+async def _session_calls(
+    conn: AsyncConnection, app_name: str, user_id: str, session_id: str, invocation_id: str
+) -> list[_Call]:
+    # ADK's own table (schema v1, which ADK 2.x creates): read with plain SQL so that
+    # reading never creates or migrates ADK's tables.
+    rows = await conn.execute(
+        text(
+            "SELECT id, timestamp, event_data FROM events "
+            "WHERE app_name = :app AND user_id = :user AND session_id = :session "
+            "AND invocation_id = :invocation ORDER BY timestamp, id"
+        ),
+        {"app": app_name, "user": user_id, "session": session_id, "invocation": invocation_id},
+    )
+    calls: list[_Call] = []
+    for row in rows:
+        data = row.event_data
+        if isinstance(data, str | bytes):
+            data = json.loads(data)
+        if not isinstance(data, Mapping):
+            continue
+        stamp = data.get("timestamp")
+        at = float(stamp) if isinstance(stamp, int | float) else _epoch(row.timestamp)
+        for name, call_id in function_calls_of(data):
+            calls.append(_Call(name, call_id, at, len(calls)))
+    return calls
+
+
+def _epoch(value: Any) -> float:
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value.timestamp()
+    if isinstance(value, str):
+        return _epoch(datetime.fromisoformat(value))
+    return 0.0
+
+
+def union_in_call_order(session: list[_Call], ledgered: list[_Call]) -> list[str]:
+    """The tools of both records, each call once (matched by call id), in call order."""
+    merged: dict[str, _Call] = {}
+    for i, call in enumerate(session):
+        merged[call.call_id or f"session#{i}"] = call
+    for call in ledgered:
+        key = call.call_id or f"ledger#{call.order}"
+        if key not in merged:
+            merged[key] = call
+    ordered = sorted(merged.values(), key=lambda c: (c.at, c.order))
+    return [c.tool for c in ordered]
+
+
+async def tools_executed(engine: AsyncEngine, uid: str, attempt: int) -> list[str] | None:
+    """The tools attempt `attempt` of run `uid` called, in call order, repeats kept.
+
+    The union of the ledger and the ADK session's function_call events of this attempt
+    (its invocation: in a chat session, earlier turns are not counted). Both records read
+    -> the list, possibly []; either unreadable -> None (unknown). Never [] unread.
+    """
+    try:
+        async with engine.connect() as conn:
+            rows = await conn.execute(
+                select(tool_calls.c.tool, tool_calls.c.call_id, tool_calls.c.started_at,
+                       tool_calls.c.seq)
+                .where(tool_calls.c.run_uid == uid, tool_calls.c.attempt == attempt)
+                .order_by(tool_calls.c.seq)
+            )
+            ledgered = [_Call(r.tool, r.call_id, _epoch(r.started_at), r.seq) for r in rows]
+            where = (
+                await conn.execute(
+                    select(attempts.c.app_name, attempts.c.user_id, attempts.c.session_id,
+                           attempts.c.invocation_id)
+                    .where(attempts.c.run_uid == uid, attempts.c.attempt == attempt)
+                )
+            ).one_or_none()
+            session: list[_Call] = []
+            # No invocation recorded: the runner never reached its first model call (it
+            # records the invocation before it), so the session holds no call of ours.
+            if where is not None and where.invocation_id is not None:
+                session = await _session_calls(
+                    conn, where.app_name, where.user_id, where.session_id, where.invocation_id
+                )
+    except (SQLAlchemyError, OSError, ValueError, TimeoutError):
+        return None
+    return union_in_call_order(session, ledgered)

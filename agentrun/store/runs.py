@@ -1,0 +1,339 @@
+"""Runs and their attempts: written down before anything runs, settled exactly once.
+
+Who writes what:
+- the operator: `record_run` (before the pod), `start_attempt` (before each pod), and
+  `settle` when the attempt ends (first writer wins);
+- the runner: `begin_attempt` and `record_invocation` (which ADK session and turn this
+  attempt uses, so that `tools_executed` can read it back), then `record_outcome`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import and_, case, or_, select, update
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from agentrun.store.dialect import upsert_insert
+from agentrun.store.schema import attempts, runs
+from agentrun.vocabulary import RunStatus
+
+
+class RunNotRecorded(LookupError):
+    """An attempt was started for a run uid the store has never seen."""
+
+
+@dataclass(frozen=True)
+class Run:
+    uid: str
+    namespace: str
+    name: str
+    agent: str
+    trigger: str
+    user_id: str
+    input_digest: str | None
+    replay_of: str | None
+    status: str
+    reason: str | None
+    message: str | None
+    attempts: int
+    tools_executed: list[str] | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the runner itself reported at the end of an attempt."""
+
+    status: str  # RunStatus.SUCCEEDED or RunStatus.FAILED
+    reason: str | None
+    message: str | None
+    recorded_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    run_uid: str
+    attempt: int
+    pod_name: str | None
+    app_name: str | None
+    user_id: str | None
+    session_id: str | None
+    invocation_id: str | None
+    status: str
+    reason: str | None
+    message: str | None
+    tools_executed: list[str] | None
+    outcome: Outcome | None
+    started_at: datetime | None
+    runner_started_at: datetime | None
+    finished_at: datetime | None
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _run(row: Row[Any]) -> Run:
+    return Run(
+        uid=row.uid, namespace=row.namespace, name=row.name, agent=row.agent,
+        trigger=row.trigger, user_id=row.user_id, input_digest=row.input_digest,
+        replay_of=row.replay_of, status=row.status, reason=row.reason, message=row.message,
+        attempts=row.attempts, tools_executed=row.tools_executed, created_at=row.created_at,
+        started_at=row.started_at, finished_at=row.finished_at,
+    )
+
+
+def _outcome(row: Row[Any]) -> Outcome | None:
+    if row.outcome_status is None:
+        return None
+    return Outcome(
+        status=row.outcome_status, reason=row.outcome_reason,
+        message=row.outcome_message, recorded_at=row.outcome_at,
+    )
+
+
+def _attempt(row: Row[Any]) -> Attempt:
+    return Attempt(
+        run_uid=row.run_uid, attempt=row.attempt, pod_name=row.pod_name,
+        app_name=row.app_name, user_id=row.user_id, session_id=row.session_id,
+        invocation_id=row.invocation_id, status=row.status, reason=row.reason,
+        message=row.message, tools_executed=row.tools_executed, outcome=_outcome(row),
+        started_at=row.started_at, runner_started_at=row.runner_started_at,
+        finished_at=row.finished_at,
+    )
+
+
+def _attempt_key(uid: str, attempt: int) -> list[Any]:
+    return [attempts.c.run_uid == uid, attempts.c.attempt == attempt]
+
+
+async def record_run(
+    engine: AsyncEngine,
+    uid: str,
+    namespace: str,
+    name: str,
+    agent: str,
+    trigger: str,
+    user_id: str,
+    input_digest: str | None,
+    replay_of: str | None = None,
+) -> bool:
+    """Writes the run down (status pending). Idempotent: an operator that restarts and
+    records the same uid again changes nothing. Returns whether the row was new."""
+    now = _now()
+    async with engine.begin() as conn:
+        result = await conn.execute(
+            upsert_insert(conn, runs)
+            .values(
+                uid=uid, namespace=namespace, name=name, agent=agent, trigger=trigger,
+                user_id=user_id, input_digest=input_digest, replay_of=replay_of,
+                status=RunStatus.PENDING, attempts=0, created_at=now, updated_at=now,
+            )
+            .on_conflict_do_nothing()
+        )
+    return result.rowcount == 1
+
+
+async def start_attempt(
+    engine: AsyncEngine, uid: str, attempt: int, session_id: str, pod_name: str
+) -> None:
+    """Writes attempt `attempt` down before its pod is created, and marks the run running.
+
+    Idempotent. Starting an attempt that was already settled changes nothing, and an
+    older attempt never takes the run back from a newer one.
+    """
+    now = _now()
+    async with engine.begin() as conn:
+        run = (
+            await conn.execute(select(runs.c.agent, runs.c.user_id).where(runs.c.uid == uid))
+        ).one_or_none()
+        if run is None:
+            raise RunNotRecorded(f"run {uid} was never recorded (record_run first)")
+        await conn.execute(
+            upsert_insert(conn, attempts)
+            .values(
+                run_uid=uid, attempt=attempt, pod_name=pod_name, app_name=run.agent,
+                user_id=run.user_id, session_id=session_id, status=RunStatus.PENDING,
+                started_at=now,
+            )
+            .on_conflict_do_nothing()
+        )
+        await conn.execute(
+            update(runs)
+            .where(
+                runs.c.uid == uid,
+                or_(
+                    runs.c.attempts < attempt,
+                    and_(runs.c.attempts == attempt, runs.c.status == RunStatus.PENDING),
+                ),
+            )
+            .values(
+                attempts=attempt, status=RunStatus.RUNNING, reason=None, message=None,
+                tools_executed=None, finished_at=None,
+                started_at=case((runs.c.started_at.is_(None), now), else_=runs.c.started_at),
+                updated_at=now,
+            )
+        )
+
+
+async def begin_attempt(
+    engine: AsyncEngine, uid: str, attempt: int, app_name: str, user_id: str, session_id: str
+) -> None:
+    """The runner's first write: which ADK session this attempt uses. Creates the attempt
+    row when no operator did (a runner started by hand in development)."""
+    now = _now()
+    async with engine.begin() as conn:
+        stmt = upsert_insert(conn, attempts).values(
+            run_uid=uid, attempt=attempt, app_name=app_name, user_id=user_id,
+            session_id=session_id, status=RunStatus.RUNNING, runner_started_at=now,
+        )
+        await conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=[attempts.c.run_uid, attempts.c.attempt],
+                set_={
+                    "app_name": app_name,
+                    "user_id": user_id,
+                    "session_id": session_id,
+                    "runner_started_at": now,
+                    "status": case(
+                        (attempts.c.status == RunStatus.PENDING, RunStatus.RUNNING),
+                        else_=attempts.c.status,
+                    ),
+                },
+            )
+        )
+
+
+async def record_invocation(
+    engine: AsyncEngine, uid: str, attempt: int, invocation_id: str
+) -> None:
+    """Records the ADK invocation of this attempt's turn, before its first model call:
+    only that invocation's session events belong to this attempt."""
+    async with engine.begin() as conn:
+        result = await conn.execute(
+            update(attempts).where(*_attempt_key(uid, attempt)).values(invocation_id=invocation_id)
+        )
+    if result.rowcount != 1:
+        raise RunNotRecorded(f"attempt {attempt} of run {uid} was never begun")
+
+
+async def record_outcome(
+    engine: AsyncEngine,
+    uid: str,
+    attempt: int,
+    status: str,
+    reason: str | None = None,
+    message: str | None = None,
+) -> bool:
+    """The runner's last write: how the attempt ended as the runner saw it
+    (RunStatus.SUCCEEDED, or RunStatus.FAILED with a vocabulary.Reason and a message).
+    Only the first report counts; returns whether this one did."""
+    async with engine.begin() as conn:
+        result = await conn.execute(
+            update(attempts)
+            .where(*_attempt_key(uid, attempt), attempts.c.outcome_status.is_(None))
+            .values(
+                outcome_status=status, outcome_reason=reason, outcome_message=message,
+                outcome_at=_now(),
+            )
+        )
+    return result.rowcount == 1
+
+
+async def get_outcome(engine: AsyncEngine, uid: str, attempt: int) -> Outcome | None:
+    """What the runner reported for this attempt, or None if it reported nothing."""
+    async with engine.connect() as conn:
+        result = await conn.execute(select(attempts).where(*_attempt_key(uid, attempt)))
+        row = result.one_or_none()
+    return None if row is None else _outcome(row)
+
+
+async def settle(
+    engine: AsyncEngine,
+    uid: str,
+    attempt: int,
+    status: str,
+    reason: str | None,
+    message: str | None,
+    tools_executed: Sequence[str] | None,
+) -> bool:
+    """Settles an attempt, and the run if this is its current attempt. First writer wins.
+
+    Updates only rows still pending or running, so that a second operator replica or a
+    late pod event cannot overwrite an outcome; returns whether this call settled it.
+    `tools_executed` None means unknown (fill it later with `set_tools_executed`).
+    """
+    now = _now()
+    tools = None if tools_executed is None else list(tools_executed)
+    fields = dict(
+        status=status, reason=reason, message=message, tools_executed=tools, finished_at=now
+    )
+    async with engine.begin() as conn:
+        existing = (
+            await conn.execute(select(attempts.c.status).where(*_attempt_key(uid, attempt)))
+        ).one_or_none()
+        if existing is not None:
+            won = (
+                await conn.execute(
+                    update(attempts)
+                    .where(*_attempt_key(uid, attempt), attempts.c.status.in_(RunStatus.LIVE))
+                    .values(**fields)
+                )
+            ).rowcount == 1
+            if not won:
+                return False
+        result = await conn.execute(
+            update(runs)
+            .where(
+                runs.c.uid == uid,
+                runs.c.attempts <= attempt,
+                runs.c.status.in_(RunStatus.LIVE),
+            )
+            .values(attempts=attempt, updated_at=now, **fields)
+        )
+        return existing is not None or result.rowcount == 1
+
+
+async def set_tools_executed(
+    engine: AsyncEngine, uid: str, attempt: int, tools_executed: Sequence[str]
+) -> bool:
+    """Fills an unknown (NULL) tools_executed once it can be read; never overwrites a
+    known one. Returns whether anything was filled."""
+    tools = list(tools_executed)
+    async with engine.begin() as conn:
+        a = await conn.execute(
+            update(attempts)
+            .where(*_attempt_key(uid, attempt), attempts.c.tools_executed.is_(None))
+            .values(tools_executed=tools)
+        )
+        r = await conn.execute(
+            update(runs)
+            .where(
+                runs.c.uid == uid,
+                runs.c.attempts == attempt,
+                runs.c.status.in_(RunStatus.TERMINAL),
+                runs.c.tools_executed.is_(None),
+            )
+            .values(tools_executed=tools, updated_at=_now())
+        )
+    return a.rowcount + r.rowcount > 0
+
+
+async def get_run(engine: AsyncEngine, uid: str) -> Run | None:
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(runs).where(runs.c.uid == uid))).one_or_none()
+    return None if row is None else _run(row)
+
+
+async def get_attempt(engine: AsyncEngine, uid: str, attempt: int) -> Attempt | None:
+    async with engine.connect() as conn:
+        result = await conn.execute(select(attempts).where(*_attempt_key(uid, attempt)))
+        row = result.one_or_none()
+    return None if row is None else _attempt(row)

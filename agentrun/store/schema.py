@@ -1,0 +1,189 @@
+"""The run store's tables (ours; ADK's sessions/events tables live beside them).
+
+Every timestamp is UTC. `tools_executed` columns are nullable JSON where SQL NULL means
+"unknown" and `[]` means "checked: none" — the difference is the whole safety model.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.types import TypeDecorator
+
+from agentrun.vocabulary import RunStatus
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp stored in UTC and always read back timezone-aware (SQLite forgets)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+# SQL NULL for None (unknown), JSON for lists including [] (known: none).
+NullableJSON = JSON(none_as_null=True)
+# An autoincrementing key that is BIGINT on Postgres and INTEGER (rowid) on SQLite.
+AutoId = BigInteger().with_variant(Integer(), "sqlite")
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("uid", String(64), primary_key=True),
+    Column("namespace", String(253), nullable=False),
+    Column("name", String(253), nullable=False),
+    Column("agent", String(253), nullable=False),
+    Column("trigger", String(32), nullable=False),
+    Column("user_id", String(253), nullable=False),
+    Column("input_digest", String(80)),
+    Column("replay_of", String(253)),
+    Column("status", String(16), nullable=False, default=RunStatus.PENDING),
+    Column("reason", String(64)),
+    Column("message", Text),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("tools_executed", NullableJSON),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("started_at", UTCDateTime),
+    Column("finished_at", UTCDateTime),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Index(None, "namespace", "name"),
+)
+
+# One row per attempt. No foreign key to runs: a runner started by hand in development
+# records its attempt even when no operator wrote the run.
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("run_uid", String(64), primary_key=True),
+    Column("attempt", Integer, primary_key=True),
+    Column("pod_name", String(253)),
+    # The ADK session this attempt used, and the invocation of its turn: only events of
+    # that invocation belong to this attempt (a chat session holds earlier turns).
+    Column("app_name", String(253)),
+    Column("user_id", String(253)),
+    Column("session_id", String(253)),
+    Column("invocation_id", String(253)),
+    # Settled by the operator (first writer wins, see settle()).
+    Column("status", String(16), nullable=False, default=RunStatus.PENDING),
+    Column("reason", String(64)),
+    Column("message", Text),
+    Column("tools_executed", NullableJSON),
+    # Written by the runner when it finishes on its own.
+    Column("outcome_status", String(16)),
+    Column("outcome_reason", String(64)),
+    Column("outcome_message", Text),
+    Column("outcome_at", UTCDateTime),
+    Column("started_at", UTCDateTime),
+    Column("runner_started_at", UTCDateTime),
+    Column("finished_at", UTCDateTime),
+)
+
+# The write-ahead ledger: a row is committed BEFORE its tool runs.
+tool_calls = Table(
+    "tool_calls",
+    metadata,
+    Column("id", AutoId, primary_key=True, autoincrement=True),
+    Column("run_uid", String(64), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("tool", String(255), nullable=False),
+    Column("call_id", String(255)),
+    Column("args_digest", String(80), nullable=False),
+    Column("started_at", UTCDateTime, nullable=False),
+    Column("finished_at", UTCDateTime),
+    Column("outcome", String(16)),
+    UniqueConstraint("run_uid", "attempt", "seq"),
+)
+
+# Content-addressed input snapshots: the digest covers the text and every file.
+inputs = Table(
+    "inputs",
+    metadata,
+    Column("digest", String(80), primary_key=True),
+    Column("text", Text, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+)
+
+input_files = Table(
+    "input_files",
+    metadata,
+    Column(
+        "digest",
+        String(80),
+        ForeignKey("inputs.digest", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("name", String(255), primary_key=True),
+    Column("content", LargeBinary, nullable=False),
+    Column("size", BigInteger, nullable=False),
+)
+
+# Long-term memory, scoped per (agent, user).
+memory = Table(
+    "memory",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("agent", String(253), nullable=False),
+    Column("user_id", String(253), nullable=False),
+    Column("session_id", String(253)),
+    Column("author", String(253)),
+    Column("text", Text, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+    Index(None, "agent", "user_id", "expires_at"),
+)
+
+# The sample agents' side effects, so that anyone can count what was really sent.
+sample_outbox = Table(
+    "sample_outbox",
+    metadata,
+    Column("id", AutoId, primary_key=True, autoincrement=True),
+    Column("run_name", String(253)),
+    Column("run_uid", String(64)),
+    Column("attempt", Integer),
+    Column("tool", String(255), nullable=False),
+    Column("args", JSON, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Index(None, "run_name"),
+)
+
+OUR_TABLES = frozenset(t.name for t in metadata.sorted_tables)
