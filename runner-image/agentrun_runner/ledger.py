@@ -1,0 +1,113 @@
+"""The write-ahead tool ledger, as an ADK plugin.
+
+Before each tool runs, its ledger row is inserted AND committed; only then does the tool
+run. If that insert fails the tool does not run and the run fails (fail closed): a tool
+call we cannot record is a call we could later repeat without knowing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import TYPE_CHECKING, Any
+
+from google.adk.plugins.base_plugin import BasePlugin
+from google.adk.tools.base_tool import BaseTool
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from agentrun import store
+from agentrun.vocabulary import LedgerOutcome
+from agentrun_runner import logs
+
+if TYPE_CHECKING:
+    from google.adk.agents.invocation_context import InvocationContext
+    from google.adk.tools.tool_context import ToolContext
+    from google.genai import types
+
+
+class LedgerWriteFailed(RuntimeError):
+    """The ledger row of a call could not be committed, so the tool was not run."""
+
+    def __init__(self, tool: str, cause: BaseException) -> None:
+        super().__init__(
+            f"The tool ledger could not record the call to {tool}, so {tool} was not run "
+            f"(fail closed): {type(cause).__name__}: {cause}. Check the run store, then replay."
+        )
+        self.tool = tool
+
+
+class WriteAheadLedger(BasePlugin):
+    """Records every tool call of one attempt before it runs, and its end after."""
+
+    def __init__(self, engine: AsyncEngine, run_uid: str, attempt: int) -> None:
+        super().__init__(name="agentrun_ledger")
+        self._engine = engine
+        self._uid = run_uid
+        self._attempt = attempt
+        self._seq = itertools.count(1)
+        self._open: dict[int, int] = {}  # id(tool_context) -> seq
+
+    async def before_run_callback(
+        self, *, invocation_context: InvocationContext
+    ) -> types.Content | None:
+        # Before the first model call: from here on, this invocation's session events
+        # are this attempt's (store.tools_executed reads them by invocation id).
+        await store.record_invocation(
+            self._engine, self._uid, self._attempt, invocation_context.invocation_id
+        )
+        logs.info("invocation.recorded", invocation=invocation_context.invocation_id)
+        return None
+
+    async def before_tool_callback(
+        self, *, tool: BaseTool, tool_args: dict[str, Any], tool_context: ToolContext
+    ) -> dict[str, Any] | None:
+        seq = next(self._seq)
+        call_id = tool_context.function_call_id
+        try:
+            await store.open_call(
+                self._engine, self._uid, self._attempt, seq, tool.name, call_id,
+                store.args_digest(tool_args),
+            )
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:
+            logs.error("ledger.write_failed", tool=tool.name, seq=seq, call_id=call_id,
+                       error=f"{type(e).__name__}: {e}")
+            raise LedgerWriteFailed(tool.name, e) from e
+        self._open[id(tool_context)] = seq
+        logs.info("tool.start", tool=tool.name, seq=seq, call_id=call_id)
+        return None
+
+    async def _close(self, tool: BaseTool, tool_context: ToolContext, outcome: str) -> None:
+        seq = self._open.pop(id(tool_context), None)
+        if seq is None:
+            return
+        logs.info("tool.end", tool=tool.name, seq=seq, outcome=outcome)
+        try:
+            await store.close_call(self._engine, self._uid, self._attempt, seq, outcome)
+        except Exception as e:
+            # The call itself is recorded; a missing finish only reads as "never answered".
+            logs.warning("ledger.close_failed", tool=tool.name, seq=seq,
+                         error=f"{type(e).__name__}: {e}")
+
+    async def after_tool_callback(
+        self,
+        *,
+        tool: BaseTool,
+        tool_args: dict[str, Any],
+        tool_context: ToolContext,
+        result: dict[str, Any],
+    ) -> dict[str, Any] | None:
+        await self._close(tool, tool_context, LedgerOutcome.OK)
+        return None
+
+    async def on_tool_error_callback(
+        self,
+        *,
+        tool: BaseTool,
+        tool_args: dict[str, Any],
+        tool_context: ToolContext,
+        error: Exception,
+    ) -> dict[str, Any] | None:
+        await self._close(tool, tool_context, LedgerOutcome.ERROR)
+        return None

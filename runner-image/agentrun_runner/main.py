@@ -1,0 +1,389 @@
+"""`agentrun-runner`: runs one attempt of one AgentRun and reports how it ended.
+
+Identity and inputs come from the environment the operator sets on the pod
+(vocabulary.RunnerEnv, DATABASE_URL); each has a CLI flag that overrides it. The exit code
+is a vocabulary.RunnerExit; the outcome (and its reason) is also written to the run store,
+where the operator reads it when the pod ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import mimetypes
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from google.genai import types
+
+from agentrun import store
+from agentrun.vocabulary import (
+    DEFAULT_MEMORY_TTL_DAYS,
+    DEFAULT_USER_ID,
+    ENV_DATABASE_URL,
+    ENV_MEMORY_TTL_DAYS,
+    SCRIPTED_MODEL,
+    Reason,
+    RunnerEnv,
+    RunnerExit,
+    RunStatus,
+    Trigger,
+)
+from agentrun_runner import logs
+
+NO_DURABLE_STORE_MESSAGE = (
+    f"no durable session store is configured: set {ENV_DATABASE_URL} to the run store "
+    "(postgresql+psycopg://... or sqlite:///path). Without it ADK keeps sessions in memory, "
+    "and a crashed run would forget everything it did, so the runner refuses to start."
+)
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """Everything the runner needs to know about its attempt."""
+
+    namespace: str
+    run_name: str
+    run_uid: str
+    attempt: int
+    agent: str
+    user_id: str
+    session_id: str
+    model: str | None
+    input_digest: str
+    trigger: str
+    agents_dir: Path
+    database_url: str | None
+
+
+class UsageError(ValueError):
+    pass
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="agentrun-runner",
+        description="Run one attempt of an AgentRun. Each flag defaults to its env var.",
+    )
+    flags = [
+        ("--namespace", RunnerEnv.NAMESPACE),
+        ("--run-name", RunnerEnv.RUN_NAME),
+        ("--run-uid", RunnerEnv.RUN_UID),
+        ("--attempt", RunnerEnv.ATTEMPT),
+        ("--agent", RunnerEnv.AGENT),
+        ("--user-id", RunnerEnv.USER_ID),
+        ("--session-id", RunnerEnv.SESSION_ID),
+        ("--model", RunnerEnv.MODEL),
+        ("--input-digest", RunnerEnv.INPUT_DIGEST),
+        ("--trigger", RunnerEnv.TRIGGER),
+        ("--agents-dir", RunnerEnv.AGENTS_DIR),
+        ("--database-url", ENV_DATABASE_URL),
+    ]
+    for flag, env in flags:
+        p.add_argument(flag, default=None, help=f"default: ${env}")
+    return p
+
+
+def parse_config(argv: Sequence[str] | None, environ: dict[str, str]) -> RunnerConfig:
+    """The attempt's configuration from flags, falling back to the environment."""
+    from agentrun_runner.agents import default_agents_dir
+
+    args = _parser().parse_args(argv)
+
+    def get(value: str | None, env: str, default: str | None = None) -> str | None:
+        if value not in (None, ""):
+            return value
+        return environ.get(env) or default
+
+    run_uid = get(args.run_uid, RunnerEnv.RUN_UID)
+    agent = get(args.agent, RunnerEnv.AGENT)
+    digest = get(args.input_digest, RunnerEnv.INPUT_DIGEST)
+    missing = [
+        env for env, value in
+        ((RunnerEnv.RUN_UID, run_uid), (RunnerEnv.AGENT, agent), (RunnerEnv.INPUT_DIGEST, digest))
+        if not value
+    ]
+    if missing:
+        raise UsageError(f"missing {', '.join(missing)} (or the matching flags)")
+    assert run_uid and agent and digest
+    raw_attempt = get(args.attempt, RunnerEnv.ATTEMPT, "1") or "1"
+    try:
+        attempt = int(raw_attempt)
+    except ValueError:
+        raise UsageError(f"{RunnerEnv.ATTEMPT} must be a number, not {raw_attempt!r}") from None
+    if attempt < 1:
+        raise UsageError(f"{RunnerEnv.ATTEMPT} must be 1 or more")
+    agents_dir = get(args.agents_dir, RunnerEnv.AGENTS_DIR)
+    return RunnerConfig(
+        namespace=get(args.namespace, RunnerEnv.NAMESPACE, "default") or "default",
+        run_name=get(args.run_name, RunnerEnv.RUN_NAME, run_uid) or run_uid,
+        run_uid=run_uid,
+        attempt=attempt,
+        agent=agent,
+        user_id=get(args.user_id, RunnerEnv.USER_ID, DEFAULT_USER_ID) or DEFAULT_USER_ID,
+        session_id=get(args.session_id, RunnerEnv.SESSION_ID) or f"{run_uid}-{attempt}",
+        model=get(args.model, RunnerEnv.MODEL),
+        input_digest=digest,
+        trigger=get(args.trigger, RunnerEnv.TRIGGER, Trigger.MANUAL) or Trigger.MANUAL,
+        agents_dir=Path(agents_dir) if agents_dir else default_agents_dir(),
+        database_url=get(args.database_url, ENV_DATABASE_URL),
+    )
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How a failed attempt is reported: exit code, store reason, one human sentence."""
+
+    code: int
+    reason: str
+    message: str
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def classify_failure(error: BaseException) -> Failure:
+    """What an exception out of the agent run means for the run (a pure decision)."""
+    from agentrun_runner.ledger import LedgerWriteFailed
+    from agentrun_runner.retries import EmptyModelTurn, RateLimitedAfterToolCall
+
+    for e in _chain(error):
+        if isinstance(e, RateLimitedAfterToolCall):
+            return Failure(
+                RunnerExit.RATE_LIMITED_AFTER_TOOL_CALL, Reason.RATE_LIMITED_AFTER_TOOL_CALL, str(e)
+            )
+        if isinstance(e, LedgerWriteFailed | EmptyModelTurn):
+            return Failure(RunnerExit.AGENT_ERROR, Reason.AGENT_ERROR, str(e))
+    return Failure(
+        RunnerExit.AGENT_ERROR,
+        Reason.AGENT_ERROR,
+        f"The agent failed with {type(error).__name__}: {error}. See the runner log.",
+    )
+
+
+def _refuse(code: int, event: str, message: str) -> int:
+    logs.error(event, exit_code=code, message=message)
+    print(f"agentrun-runner: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def _files_as_parts(files: dict[str, bytes]) -> list[types.Part]:
+    parts: list[types.Part] = []
+    for name, content in sorted(files.items()):
+        mime = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        parts.append(types.Part(text=f"Attached file: {name}"))
+        parts.append(types.Part(inline_data=types.Blob(mime_type=mime, data=content)))
+    return parts
+
+
+async def _report(engine: object, config: RunnerConfig, failure: Failure | None) -> None:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    assert isinstance(engine, AsyncEngine)
+    try:
+        if failure is None:
+            await store.record_outcome(engine, config.run_uid, config.attempt, RunStatus.SUCCEEDED)
+        else:
+            await store.record_outcome(
+                engine, config.run_uid, config.attempt, RunStatus.FAILED,
+                failure.reason, failure.message,
+            )
+    except Exception as e:
+        # The operator falls back to the pod's exit code and the ledger.
+        logs.error("outcome.write_failed", error=f"{type(e).__name__}: {e}")
+
+
+async def run_attempt(config: RunnerConfig) -> int:
+    """Runs the attempt end to end; returns the exit code."""
+    from google.adk.agents.llm_agent import LlmAgent
+    from google.adk.apps.app import App
+    from google.adk.errors.already_exists_error import AlreadyExistsError
+    from google.adk.models.base_llm import BaseLlm
+    from google.adk.models.registry import LLMRegistry
+    from google.adk.runners import Runner
+    from google.adk.sessions.database_session_service import DatabaseSessionService
+    from google.genai import types
+
+    from agentrun_runner.agents import load_agent
+    from agentrun_runner.compaction import CompactionPlugin
+    from agentrun_runner.ledger import WriteAheadLedger
+    from agentrun_runner.retries import CallWatch, GuardedLlm
+    from agentrun_runner.scripted import ScriptedLlm
+
+    assert config.database_url
+    engine = store.shared_engine(config.database_url)
+    try:
+        try:
+            await store.check_schema(engine)
+            await store.begin_attempt(
+                engine, config.run_uid, config.attempt, config.agent, config.user_id,
+                config.session_id,
+            )
+        except store.StoreNotReady as e:
+            return _refuse(RunnerExit.STORE_UNAVAILABLE, "store.not_ready", str(e))
+        except Exception as e:
+            return _refuse(
+                RunnerExit.STORE_UNAVAILABLE, "store.unavailable",
+                f"the run store at {store.redact(config.database_url)} cannot be used: "
+                f"{type(e).__name__}: {e}",
+            )
+
+        snapshot = await store.get_input(engine, config.input_digest)
+        if snapshot is None:
+            message = (
+                f"The input snapshot {config.input_digest} is not in the run store, so the "
+                "agent was not started; no tool was called."
+            )
+            await _report(engine, config, Failure(
+                RunnerExit.INPUT_UNAVAILABLE, Reason.INPUT_UNAVAILABLE, message))
+            return _refuse(RunnerExit.INPUT_UNAVAILABLE, "input.unavailable", message)
+
+        try:
+            root_agent = load_agent(config.agents_dir, config.agent)
+            watch = CallWatch()
+            override: BaseLlm | None = None
+            if config.model == SCRIPTED_MODEL:
+                override = ScriptedLlm.from_env()
+            elif config.model:
+                override = LLMRegistry.new_llm(config.model)
+            pending = [root_agent]
+            while pending:
+                agent = pending.pop()
+                pending.extend(agent.sub_agents)
+                if isinstance(agent, LlmAgent):
+                    agent.model = GuardedLlm.wrap(override or agent.canonical_model, watch)
+        except Exception as e:
+            failure = Failure(
+                RunnerExit.AGENT_ERROR, Reason.AGENT_ERROR,
+                f"The agent {config.agent!r} could not be loaded: {type(e).__name__}: {e}",
+            )
+            await _report(engine, config, failure)
+            return _refuse(failure.code, "agent.load_failed", failure.message)
+
+        sessions = DatabaseSessionService(db_engine=engine)
+        ttl = int(os.environ.get(ENV_MEMORY_TTL_DAYS) or DEFAULT_MEMORY_TTL_DAYS)
+        memory = store.StoreMemoryService(engine, ttl_days=ttl)
+        runner = Runner(
+            app=App(
+                name=config.agent,
+                root_agent=root_agent,
+                plugins=[
+                    WriteAheadLedger(engine, config.run_uid, config.attempt),
+                    CompactionPlugin(),
+                ],
+            ),
+            session_service=sessions,
+            memory_service=memory,
+        )
+        new_message = types.Content(
+            role="user", parts=[types.Part(text=snapshot.text), *_files_as_parts(snapshot.files)]
+        )
+        invocation_id: str | None = None
+        answer = ""
+        try:
+            session = await sessions.get_session(
+                app_name=config.agent, user_id=config.user_id, session_id=config.session_id
+            )
+            if session is None:
+                try:
+                    await sessions.create_session(
+                        app_name=config.agent, user_id=config.user_id,
+                        session_id=config.session_id,
+                    )
+                    logs.info("session.created", session=config.session_id)
+                except AlreadyExistsError:
+                    pass
+            else:
+                logs.info("session.continued", session=config.session_id,
+                          events=len(session.events))
+            logs.info("agent.start", model=config.model or "agent-default")
+            async for event in runner.run_async(
+                user_id=config.user_id, session_id=config.session_id, new_message=new_message
+            ):
+                invocation_id = event.invocation_id
+                calls = [c.name for c in event.get_function_calls()]
+                if calls:
+                    logs.info("model.calls", tools=",".join(str(c) for c in calls))
+                if event.error_code:
+                    raise RuntimeError(
+                        f"the model reported {event.error_code}: {event.error_message or ''}"
+                    )
+                if event.is_final_response() and event.content and event.content.parts:
+                    text = "".join(p.text or "" for p in event.content.parts if not p.thought)
+                    if text:
+                        answer = text
+        except Exception as e:
+            failure = classify_failure(e)
+            logs.error("agent.failed", reason=failure.reason, message=failure.message,
+                       error=f"{type(e).__name__}: {e}")
+            await _report(engine, config, failure)
+            return failure.code
+        finally:
+            await runner.close()
+
+        await _remember(sessions, memory, config, invocation_id)
+        logs.info("agent.succeeded", answer=answer[:200])
+        await _report(engine, config, None)
+        return RunnerExit.SUCCESS
+    finally:
+        await engine.dispose()
+
+
+async def _remember(
+    sessions: object, memory: store.StoreMemoryService, config: RunnerConfig,
+    invocation_id: str | None,
+) -> None:
+    """This turn's conversation into long-term memory (best effort: the run is done)."""
+    from google.adk.sessions.database_session_service import DatabaseSessionService
+
+    assert isinstance(sessions, DatabaseSessionService)
+    try:
+        session = await sessions.get_session(
+            app_name=config.agent, user_id=config.user_id, session_id=config.session_id
+        )
+        if session is None or invocation_id is None:
+            return
+        events = [e for e in session.events if e.invocation_id == invocation_id]
+        await memory.add_events_to_memory(
+            app_name=config.agent, user_id=config.user_id, events=events,
+            session_id=config.session_id,
+        )
+    except Exception as e:
+        logs.warning("memory.write_failed", error=f"{type(e).__name__}: {e}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The console script: returns a vocabulary.RunnerExit code."""
+    logs.setup()
+    try:
+        config = parse_config(argv, dict(os.environ))
+    except UsageError as e:
+        return _refuse(RunnerExit.USAGE, "usage", str(e))
+    logs.bind(run=config.run_name, attempt=config.attempt, namespace=config.namespace,
+              agent=config.agent)
+    if not store.is_durable(config.database_url):
+        return _refuse(RunnerExit.NO_DURABLE_STORE, "refused.no_durable_store",
+                       NO_DURABLE_STORE_MESSAGE)
+    try:
+        assert config.database_url
+        store.async_url(config.database_url)
+    except Exception as e:
+        return _refuse(RunnerExit.NO_DURABLE_STORE, "refused.unsupported_store", str(e))
+    logs.info("runner.start", uid=config.run_uid, session=config.session_id,
+              trigger=config.trigger, input=config.input_digest)
+    code = asyncio.run(run_attempt(config))
+    logs.info("runner.exit", exit_code=code)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

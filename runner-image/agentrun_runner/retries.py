@@ -1,0 +1,178 @@
+"""Model retries that never repeat a side effect.
+
+- An empty turn (no text, no function call) is retried once.
+- A rate limit (429 / RESOURCE_EXHAUSTED) is retried at most twice, after the delay the
+  server asks for (capped at 60 s), but ONLY while no function call has been seen in
+  this invocation. After one, the run stops with RateLimitedAfterToolCall: whether to go
+  on is a human's decision, because the world has already been touched.
+The same code handles a real Gemini 429 and the scripted model's {"error": 429}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from typing import Any
+
+from google.adk.models.base_llm import BaseLlm
+from google.adk.models.llm_request import LlmRequest
+from google.adk.models.llm_response import LlmResponse
+from google.genai import errors, types
+from pydantic import ConfigDict, Field
+
+MAX_RATE_LIMIT_RETRIES = 2
+MAX_EMPTY_RETRIES = 1
+MAX_RETRY_DELAY_SECONDS = 60.0
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*s?\s*$")
+
+
+class RateLimitedAfterToolCall(RuntimeError):
+    """The model hit a rate limit after a function call was seen in this invocation."""
+
+    def __init__(self, tools: list[str], cause: BaseException) -> None:
+        called = ", ".join(tools) if tools else "a tool"
+        super().__init__(
+            f"The model hit a rate limit after this run had already called {called}; "
+            "retrying automatically could repeat that side effect, so the run stopped. "
+            "A human must decide: check what the tool did, then replay (force) or not."
+        )
+        self.tools = tools
+        self.__cause__ = cause
+
+
+class EmptyModelTurn(RuntimeError):
+    """The model answered with neither text nor a function call, twice in a row."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "The model returned an empty turn (no text, no function call) twice in a row, "
+            "so the run has no answer. Check the model and the prompt, then replay."
+        )
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def rate_limit_of(error: BaseException) -> errors.APIError | None:
+    """The 429 / RESOURCE_EXHAUSTED API error in `error`'s chain, if any."""
+    for e in _chain(error):
+        if isinstance(e, errors.APIError) and (
+            e.code == 429 or str(e.status or "").upper() == "RESOURCE_EXHAUSTED"
+        ):
+            return e
+    return None
+
+
+def retry_delay(error: errors.APIError) -> float | None:
+    """The delay the server asked for (google.rpc.RetryInfo `retryDelay`), in seconds."""
+    details: Any = error.details
+    if isinstance(details, dict):
+        details = details.get("error", details).get("details")
+    for item in details if isinstance(details, list) else []:
+        if isinstance(item, dict) and "retryDelay" in item:
+            match = _DURATION.match(str(item["retryDelay"]))
+            if match:
+                return float(match.group(1))
+    return None
+
+
+def _has_call(content: types.Content | None) -> bool:
+    return bool(content and any(p.function_call for p in content.parts or []))
+
+
+def _is_empty(response: LlmResponse) -> bool:
+    parts = response.content.parts if response.content and response.content.parts else []
+    return not any((p.text and p.text.strip()) or p.function_call for p in parts)
+
+
+def calls_in_current_turn(contents: list[types.Content]) -> list[str]:
+    """Names of the function calls after the latest user message (the current invocation
+    of a chat session; earlier turns' calls belong to earlier runs)."""
+    start = 0
+    for i, content in enumerate(contents):
+        parts = content.parts or []
+        if content.role == "user" and not any(p.function_response for p in parts):
+            start = i + 1
+    return [
+        p.function_call.name or "?"
+        for c in contents[start:]
+        for p in c.parts or []
+        if p.function_call is not None
+    ]
+
+
+class CallWatch:
+    """Function calls this runner process has seen (one process = one invocation)."""
+
+    def __init__(self) -> None:
+        self.tools: list[str] = []
+
+    def saw(self, response: LlmResponse) -> None:
+        if response.content:
+            for p in response.content.parts or []:
+                if p.function_call is not None:
+                    self.tools.append(p.function_call.name or "?")
+
+
+class GuardedLlm(BaseLlm):
+    """Wraps the agent's model with the retry rules above."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    inner: BaseLlm
+    watch: CallWatch = Field(default_factory=CallWatch)
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+
+    @classmethod
+    def wrap(cls, inner: BaseLlm, watch: CallWatch) -> GuardedLlm:
+        if isinstance(inner, GuardedLlm):
+            return inner
+        return cls(model=inner.model, inner=inner, watch=watch)
+
+    @property
+    def capabilities(self) -> Any:
+        return self.inner.capabilities
+
+    async def generate_content_async(
+        self, llm_request: LlmRequest, stream: bool = False
+    ) -> AsyncGenerator[LlmResponse, None]:
+        rate_limited = 0
+        empty = 0
+        while True:
+            try:
+                # Buffered: a turn is judged whole (empty or not) before ADK sees it.
+                turn = self.inner.generate_content_async(llm_request, stream)
+                responses = [r async for r in turn]
+            except Exception as error:
+                limit = rate_limit_of(error)
+                if limit is None:
+                    raise
+                called = self.watch.tools or calls_in_current_turn(llm_request.contents)
+                if called:
+                    raise RateLimitedAfterToolCall(called, error) from error
+                if rate_limited >= MAX_RATE_LIMIT_RETRIES:
+                    raise
+                rate_limited += 1
+                delay = retry_delay(limit)
+                if delay is None:
+                    delay = 2.0**rate_limited
+                await self.sleep(min(delay, MAX_RETRY_DELAY_SECONDS))
+                continue
+            final = [r for r in responses if not r.partial]
+            if not final or all(_is_empty(r) for r in final):
+                if empty >= MAX_EMPTY_RETRIES:
+                    raise EmptyModelTurn()
+                empty += 1
+                continue
+            for response in final:
+                self.watch.saw(response)
+            for response in responses:
+                yield response
+            return

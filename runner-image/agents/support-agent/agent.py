@@ -1,0 +1,70 @@
+"""support-agent: the sample agent of the demo and the acceptance checks.
+
+Its side effects are rows in the run store's `sample_outbox` table (run, attempt, tool,
+args, time), so that anyone can count what was really sent.
+
+Test hook (this agent only): AGENTRUN_TEST_CRASH_IN=<tool> makes that tool kill its
+runner with os._exit(137) right after recording its side effect and before answering:
+a tool that acted, then crashed, as a runner killed mid-tool does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from google.adk.agents import LlmAgent
+from google.adk.tools.tool_context import ToolContext
+
+from agentrun import store
+from agentrun.vocabulary import ENV_TEST_CRASH_IN, RunnerEnv
+
+
+async def _act(tool: str, args: dict) -> None:
+    attempt = os.environ.get(RunnerEnv.ATTEMPT)
+    await store.record_side_effect(
+        store.shared_engine(),
+        tool,
+        args,
+        run_name=os.environ.get(RunnerEnv.RUN_NAME),
+        run_uid=os.environ.get(RunnerEnv.RUN_UID),
+        attempt=int(attempt) if attempt and attempt.isdigit() else None,
+    )
+    if os.environ.get(ENV_TEST_CRASH_IN) == tool:
+        os._exit(137)
+
+
+async def read_message(tool_context: ToolContext) -> str:
+    """Returns the customer's message (the run's input text)."""
+    content = tool_context.user_content
+    if content is None or not content.parts:
+        return ""
+    return "".join(p.text or "" for p in content.parts)
+
+
+async def send_email(to: str, body: str, delay_seconds: float = 0) -> dict:
+    """Sends an email to a customer. The email is recorded at once; the tool answers
+    after `delay_seconds` (a tool that acted and has not answered yet)."""
+    await _act("send_email", {"to": to, "body": body, "delay_seconds": delay_seconds})
+    if delay_seconds:
+        await asyncio.sleep(float(delay_seconds))
+    return {"status": "sent", "to": to}
+
+
+async def update_crm(customer: str, status: str) -> dict:
+    """Sets a customer's status in the CRM."""
+    await _act("update_crm", {"customer": customer, "status": status})
+    return {"status": "updated", "customer": customer}
+
+
+root_agent = LlmAgent(
+    name="support_agent",
+    model="gemini-2.5-flash",
+    description="Answers customer support requests.",
+    instruction=(
+        "You are a customer support agent. Read the customer's message with read_message, "
+        "decide what to do, email the customer with send_email when an answer is needed, "
+        "record the case status with update_crm, then summarise what you did in one sentence."
+    ),
+    tools=[read_message, send_email, update_crm],
+)
