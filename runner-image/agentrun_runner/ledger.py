@@ -39,8 +39,15 @@ class LedgerWriteFailed(RuntimeError):
 class WriteAheadLedger(BasePlugin):
     """Records every tool call of one attempt before it runs, and its end after."""
 
-    def __init__(self, engine: AsyncEngine, run_uid: str, attempt: int) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        run_uid: str,
+        attempt: int,
+        failures: list[BaseException] | None = None,
+    ) -> None:
         super().__init__(name="agentrun_ledger")
+        self._failures = failures if failures is not None else []
         self._engine = engine
         self._uid = run_uid
         self._attempt = attempt
@@ -73,7 +80,9 @@ class WriteAheadLedger(BasePlugin):
         except BaseException as e:
             logs.error("ledger.write_failed", tool=tool.name, seq=seq, call_id=call_id,
                        error=f"{type(e).__name__}: {e}")
-            raise LedgerWriteFailed(tool.name, e) from e
+            failure = LedgerWriteFailed(tool.name, e)
+            self._failures.append(failure)
+            raise failure from e
         self._open[id(tool_context)] = seq
         logs.info("tool.start", tool=tool.name, seq=seq, call_id=call_id)
         return None

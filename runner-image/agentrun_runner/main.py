@@ -277,7 +277,7 @@ async def run_attempt(config: RunnerConfig) -> int:
                 name=config.agent,
                 root_agent=root_agent,
                 plugins=[
-                    WriteAheadLedger(engine, config.run_uid, config.attempt),
+                    WriteAheadLedger(engine, config.run_uid, config.attempt, watch.failures),
                     CompactionPlugin(),
                 ],
             ),
@@ -314,9 +314,11 @@ async def run_attempt(config: RunnerConfig) -> int:
                 if calls:
                     logs.info("model.calls", tools=",".join(str(c) for c in calls))
                 if event.error_code:
-                    raise RuntimeError(
-                        f"the model reported {event.error_code}: {event.error_message or ''}"
-                    )
+                    # ADK reports an exception raised inside the agent as an error event;
+                    # ours were kept, so that the reason names what really happened.
+                    if watch.failures:
+                        raise watch.failures[0]
+                    raise RuntimeError(f"{event.error_code}: {event.error_message or ''}")
                 if event.is_final_response() and event.content and event.content.parts:
                     text = "".join(p.text or "" for p in event.content.parts if not p.thought)
                     if text:

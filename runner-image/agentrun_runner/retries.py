@@ -109,10 +109,17 @@ def calls_in_current_turn(contents: list[types.Content]) -> list[str]:
 
 
 class CallWatch:
-    """Function calls this runner process has seen (one process = one invocation)."""
+    """Function calls this runner process has seen (one process = one invocation), and
+    the failures our own code raised inside ADK: ADK turns an exception into an error
+    event, and the runner needs the original to report the right reason."""
 
     def __init__(self) -> None:
         self.tools: list[str] = []
+        self.failures: list[BaseException] = []
+
+    def failed(self, error: BaseException) -> BaseException:
+        self.failures.append(error)
+        return error
 
     def saw(self, response: LlmResponse) -> None:
         if response.content:
@@ -156,7 +163,7 @@ class GuardedLlm(BaseLlm):
                     raise
                 called = self.watch.tools or calls_in_current_turn(llm_request.contents)
                 if called:
-                    raise RateLimitedAfterToolCall(called, error) from error
+                    raise self.watch.failed(RateLimitedAfterToolCall(called, error)) from error
                 if rate_limited >= MAX_RATE_LIMIT_RETRIES:
                     raise
                 rate_limited += 1
@@ -168,7 +175,7 @@ class GuardedLlm(BaseLlm):
             final = [r for r in responses if not r.partial]
             if not final or all(_is_empty(r) for r in final):
                 if empty >= MAX_EMPTY_RETRIES:
-                    raise EmptyModelTurn()
+                    raise self.watch.failed(EmptyModelTurn())
                 empty += 1
                 continue
             for response in final:
