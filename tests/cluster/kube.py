@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from agentrun.vocabulary import API_VERSION, REPLAY_KIND, RUN_KIND
 
+
 class Kubectl(Protocol):
     def kubectl(
         self,
@@ -32,8 +33,11 @@ def run_manifest(name: str, **spec: Any) -> dict[str, Any]:
         "apiVersion": API_VERSION,
         "kind": RUN_KIND,
         "metadata": {"name": name},
-        "spec": {"agent": "support-agent", "input": {"text": "Customer 42 asks for a refund"},
-                 **spec},
+        "spec": {
+            "agent": "support-agent",
+            "input": {"text": "Customer 42 asks for a refund"},
+            **spec,
+        },
     }
 
 
@@ -58,11 +62,21 @@ def apply(
     as_user: str | None = None,
     as_groups: Sequence[str] = (),
     check: bool = False,
+    extra: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[str]:
     """`kubectl apply --server-side` of one manifest; returns kubectl's result."""
     return plane.kubectl(
-        "apply", "--server-side", "--field-manager=agentrun-tests", "-n", namespace,
-        "-f", "-", input=json.dumps(manifest), as_user=as_user, as_groups=as_groups,
+        "apply",
+        "--server-side",
+        "--field-manager=agentrun-tests",
+        "-n",
+        namespace,
+        *extra,
+        "-f",
+        "-",
+        input=json.dumps(manifest),
+        as_user=as_user,
+        as_groups=as_groups,
         check=check,
     )
 
@@ -81,3 +95,30 @@ def refused(done: subprocess.CompletedProcess[str]) -> str:
     """The message a refused request printed (fails the test if it was accepted)."""
     assert done.returncode != 0, f"expected a refusal, got: {done.stdout}"
     return done.stderr
+
+
+def stored(plane: Kubectl, namespace: str, resource: str) -> dict[str, Any]:
+    """The object as the API server stores it; it must exist."""
+    found = get(plane, namespace, resource)
+    assert found is not None, f"{resource} does not exist in {namespace}"
+    return found
+
+
+def table(plane: Kubectl, *args: str) -> list[dict[str, str]]:
+    """`kubectl get ...` as a user reads it: one dict per row, keyed by the column headers.
+
+    kubectl left-aligns each cell under its header, so a cell is the text between the start
+    of its header and the start of the next one (cells may contain spaces: `<no value>`).
+    """
+    lines = plane.kubectl("get", *args).stdout.splitlines()
+    header = lines[0]
+    names = header.split()
+    starts = []
+    at = 0
+    for name in names:
+        at = header.index(name, at)
+        starts.append(at)
+        at += len(name)
+    bounds = [*starts[1:], None]
+    cells = list(zip(names, starts, bounds, strict=True))
+    return [{name: line[start:end].strip() for name, start, end in cells} for line in lines[1:]]
