@@ -137,8 +137,9 @@ async def record_run(
                 status=RunStatus.PENDING, attempts=0, created_at=now, updated_at=now,
             )
             .on_conflict_do_nothing()
+            .returning(runs.c.uid)
         )
-    return result.rowcount == 1
+        return result.first() is not None
 
 
 async def start_attempt(

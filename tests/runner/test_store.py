@@ -1,0 +1,241 @@
+"""The run store's API, as the operator will call it, on real Postgres and SQLite."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from agentrun_devtools.processes import free_port
+from google.adk.memory.memory_entry import MemoryEntry
+from google.genai import types
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from agentrun import store
+from agentrun.vocabulary import RunStatus
+from tests.runner.conftest import prepare_run, query, run_runner
+
+EMAIL = {"to": "c@example.com", "body": "hello"}
+
+
+def test_inputs_are_content_addressed_and_copied(any_store: str) -> None:
+    async def go(e: AsyncEngine) -> None:
+        files = {"invoice.pdf": b"%PDF-1.4 \x00\xff", "notes.txt": b"call back"}
+        digest = await store.put_input(e, "refund 42", files)
+        assert digest == await store.put_input(e, "refund 42", dict(reversed(files.items())))
+        assert digest.startswith("sha256:") and len(digest) == 7 + 64
+        assert digest != await store.put_input(e, "refund 42", {"invoice.pdf": b"other"})
+        assert digest != await store.put_input(e, "refund 42")
+        got = await store.get_input(e, digest)
+        assert got is not None and got.text == "refund 42" and got.files == files
+        assert await store.delete_input(e, digest)
+        assert await store.get_input(e, digest) is None
+        assert not await store.delete_input(e, digest)
+
+    query(any_store, go)
+
+
+def test_record_run_and_start_attempt_are_idempotent(any_store: str) -> None:
+    async def go(e: AsyncEngine) -> None:
+        args = ("u1", "support", "triage-42", "support-agent", "manual", "alice", "sha256:ab")
+        assert await store.record_run(e, *args)
+        assert not await store.record_run(e, *args)  # an operator restart re-records
+        await store.start_attempt(e, "u1", 1, "u1-1", "triage-42-1")
+        await store.start_attempt(e, "u1", 1, "u1-1", "triage-42-1")
+        run = await store.get_run(e, "u1")
+        assert run is not None and run.status == RunStatus.RUNNING and run.attempts == 1
+        attempt = await store.get_attempt(e, "u1", 1)
+        assert attempt is not None
+        assert (attempt.app_name, attempt.user_id, attempt.session_id) == (
+            "support-agent", "alice", "u1-1")
+        with pytest.raises(store.RunNotRecorded):
+            await store.start_attempt(e, "never-recorded", 1, "s", "p")
+
+    query(any_store, go)
+
+
+def test_settle_first_writer_wins(any_store: str) -> None:
+    async def go(e: AsyncEngine) -> None:
+        await store.record_run(e, "u2", "ns", "r2", "support-agent", "manual", "bob", None)
+        await store.start_attempt(e, "u2", 1, "u2-1", "r2-1")
+        won = await store.settle(e, "u2", 1, RunStatus.FAILED, "Evicted", "evicted", None)
+        late = await store.settle(e, "u2", 1, RunStatus.SUCCEEDED, None, None, [])
+        assert (won, late) == (True, False)
+        run = await store.get_run(e, "u2")
+        assert run is not None
+        assert (run.status, run.reason, run.tools_executed) == (RunStatus.FAILED, "Evicted", None)
+        assert run.finished_at is not None and run.finished_at.tzinfo is not None
+        # Unknown is filled once, later; a known value is never overwritten.
+        assert await store.set_tools_executed(e, "u2", 1, ["send_email"])
+        assert not await store.set_tools_executed(e, "u2", 1, [])
+        run = await store.get_run(e, "u2")
+        assert run is not None and run.tools_executed == ["send_email"]
+        attempt = await store.get_attempt(e, "u2", 1)
+        assert attempt is not None and attempt.tools_executed == ["send_email"]
+
+        # Two replicas settling at once: exactly one wins.
+        await store.record_run(e, "u3", "ns", "r3", "support-agent", "manual", "bob", None)
+        await store.start_attempt(e, "u3", 1, "u3-1", "r3-1")
+        results = await asyncio.gather(
+            store.settle(e, "u3", 1, RunStatus.FAILED, "PodDeleted", "a", []),
+            store.settle(e, "u3", 1, RunStatus.FAILED, "NodeLost", "b", []),
+        )
+        assert sorted(results) == [False, True]
+
+    query(any_store, go)
+
+
+def test_a_retry_attempt_takes_the_run_and_settles_it(any_store: str) -> None:
+    async def go(e: AsyncEngine) -> None:
+        await store.record_run(e, "u4", "ns", "r4", "noop-agent", "manual", "bob", None)
+        await store.start_attempt(e, "u4", 1, "u4-1", "r4-1")
+        assert await store.settle(e, "u4", 1, RunStatus.FAILED, "Evicted", "x", [])
+        await store.start_attempt(e, "u4", 2, "u4-2", "r4-2")
+        run = await store.get_run(e, "u4")
+        assert run is not None and (run.status, run.attempts) == (RunStatus.RUNNING, 2)
+        # A late event about attempt 1 changes nothing now.
+        assert not await store.settle(e, "u4", 1, RunStatus.FAILED, "PodLost", "y", None)
+        assert await store.settle(e, "u4", 2, RunStatus.SUCCEEDED, "Succeeded", "ok", [])
+        run = await store.get_run(e, "u4")
+        assert run is not None and (run.status, run.attempts) == (RunStatus.SUCCEEDED, 2)
+
+    query(any_store, go)
+
+
+def test_outcome_is_reported_once(any_store: str) -> None:
+    async def go(e: AsyncEngine) -> None:
+        await store.begin_attempt(e, "u5", 1, "support-agent", "alice", "u5-1")
+        assert await store.get_outcome(e, "u5", 1) is None
+        assert await store.record_outcome(e, "u5", 1, RunStatus.FAILED, "AgentError", "boom")
+        assert not await store.record_outcome(e, "u5", 1, RunStatus.SUCCEEDED)
+        got = await store.get_outcome(e, "u5", 1)
+        assert got is not None and (got.status, got.reason, got.message) == (
+            RunStatus.FAILED, "AgentError", "boom")
+
+    query(any_store, go)
+
+
+def test_tools_executed_is_empty_only_when_both_records_were_read(pg_store: str) -> None:
+    run = prepare_run(pg_store, "three-1")
+    done = run_runner(run, [{"text": "Nothing to do."}])
+    assert done.returncode == 0, done.stderr
+    # Both the ledger and the session were read, and hold no call: [].
+    assert query(pg_store, lambda e: store.tools_executed(e, run.uid, 1)) == []
+
+    # The session store is unreachable (nothing listens there): unknown, never [].
+    down = f"postgresql+psycopg://agentrun@127.0.0.1:{free_port()}/nowhere"
+    assert query(down, lambda e: store.tools_executed(e, run.uid, 1)) is None
+
+    # The ledger is readable but the session events are not: unknown too.
+    async def hide_events(engine: AsyncEngine) -> None:
+        async with engine.begin() as conn:
+            await conn.execute(text("ALTER TABLE events RENAME TO events_hidden"))
+
+    query(pg_store, hide_events)
+    assert query(pg_store, lambda e: store.tools_executed(e, run.uid, 1)) is None
+
+
+def test_tools_executed_unions_ledger_and_session_in_call_order(pg_store: str) -> None:
+    run = prepare_run(pg_store, "union-1")
+    done = run_runner(run, [
+        {"call": "send_email", "args": EMAIL},
+        {"call": "update_crm", "args": {"customer": "42", "status": "open"}},
+        {"call": "send_email", "args": EMAIL},
+        {"text": "Done."},
+    ])
+    assert done.returncode == 0, done.stderr
+    assert query(pg_store, lambda e: store.tools_executed(e, run.uid, 1)) == [
+        "send_email", "update_crm", "send_email"]
+
+    # A call the session holds but the ledger lost still counts (and vice versa).
+    async def drop_ledger(engine: AsyncEngine) -> None:
+        async with engine.begin() as conn:
+            await conn.execute(text("DELETE FROM tool_calls WHERE seq = 2"))
+
+    query(pg_store, drop_ledger)
+    assert query(pg_store, lambda e: store.tools_executed(e, run.uid, 1)) == [
+        "send_email", "update_crm", "send_email"]
+    entries = query(pg_store, lambda e: store.ledger(e, run.uid))
+    assert [(x.attempt, x.seq, x.tool) for x in entries] == [
+        (1, 1, "send_email"), (1, 3, "send_email")]
+
+
+def test_memory_is_scoped_per_agent_and_user(any_store: str) -> None:
+    def entry(words: str) -> MemoryEntry:
+        return MemoryEntry(author="user", content=types.Content(
+            role="user", parts=[types.Part(text=words)]))
+
+    async def go(e: AsyncEngine) -> None:
+        memory = store.StoreMemoryService(e)
+        await memory.add_memory(app_name="support-agent", user_id="alice",
+                                memories=[entry("Alice prefers refunds by bank transfer")])
+        await memory.add_memory(app_name="support-agent", user_id="bob",
+                                memories=[entry("Bob wants a phone call")])
+
+        async def found(app: str, user: str, query_text: str) -> list[str]:
+            got = await memory.search_memory(app_name=app, user_id=user, query=query_text)
+            return [m.content.parts[0].text or "" for m in got.memories if m.content.parts]
+
+        assert await found("support-agent", "alice", "how to refund?") == [
+            "Alice prefers refunds by bank transfer"]
+        assert await found("support-agent", "bob", "refunds transfer Alice") == []
+        assert await found("billing-agent", "alice", "refunds transfer") == []
+        assert await found("support-agent", "bob", "PHONE") == ["Bob wants a phone call"]
+        assert await found("support-agent", "alice", "the and of") == []
+
+        # Entries expire after N days, and the purge removes them.
+        expired = store.StoreMemoryService(e, ttl_days=0)
+        await expired.add_memory(app_name="support-agent", user_id="carol",
+                                 memories=[entry("Carol's refund")])
+        assert await found("support-agent", "carol", "refund") == []
+        assert await store.purge_expired_memory(e, datetime.now(UTC) + timedelta(seconds=1)) == 1
+
+    query(any_store, go)
+
+
+def test_a_successful_run_is_remembered_for_its_user_only(pg_store: str) -> None:
+    run = prepare_run(pg_store, "mem-1", "My order number is 777", user_id="dora")
+    assert run_runner(run, [{"text": "Noted your order 777."}]).returncode == 0
+
+    async def search(e: AsyncEngine, user: str) -> int:
+        got = await store.StoreMemoryService(e).search_memory(
+            app_name="support-agent", user_id=user, query="order 777")
+        return len(got.memories)
+
+    assert query(pg_store, lambda e: search(e, "dora")) == 2
+    assert query(pg_store, lambda e: search(e, "alice")) == 0
+
+
+def test_migrate_is_idempotent_and_safe_in_parallel(postgres_url: str) -> None:
+    code = (
+        "import asyncio, sys; from agentrun.store import migrate; "
+        "asyncio.run(migrate(sys.argv[1]))"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", code, postgres_url]) for _ in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
+    asyncio.run(store.migrate(postgres_url))
+
+    async def check(e: AsyncEngine) -> None:
+        await store.check_schema(e)
+
+    query(postgres_url, check)
+
+
+def test_store_urls_are_normalised_to_async_drivers() -> None:
+    assert store.async_url("postgresql+psycopg://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert store.async_url("postgresql://u:p@h:5432/db") == "postgresql+psycopg://u:p@h:5432/db"
+    assert store.async_url("postgres://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert store.async_url("sqlite:///var/agentrun.db") == "sqlite+aiosqlite:///var/agentrun.db"
+    assert store.session_service_url("sqlite:////abs/a.db") == "sqlite+aiosqlite:////abs/a.db"
+    assert not store.is_durable(None)
+    assert not store.is_durable("sqlite:///:memory:")
+    assert not store.is_durable("sqlite://")
+    assert store.is_durable("sqlite:///x.db")
+    assert store.is_durable("postgresql+psycopg://h/db")
+    engine = store.make_engine("postgresql+psycopg://u@h/db")
+    assert (engine.pool.size(), engine.pool._max_overflow) == (3, 2)  # type: ignore[attr-defined]
+    engine = store.make_engine("postgresql+psycopg://u@h/db", pool_size=1, max_overflow=0)
+    assert engine.pool.size() == 1  # type: ignore[attr-defined]
