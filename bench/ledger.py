@@ -24,6 +24,9 @@ for extra in (ROOT / "devtools", ROOT / "runner-image", ROOT):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 
+from agentrun_runner.ledger import WriteAheadLedger  # noqa: E402
+from agentrun_runner.retries import CallWatch, GuardedLlm  # noqa: E402
+from agentrun_runner.scripted import ScriptedLlm  # noqa: E402
 from google.adk.agents import LlmAgent  # noqa: E402
 from google.adk.apps.app import App  # noqa: E402
 from google.adk.runners import Runner  # noqa: E402
@@ -32,9 +35,6 @@ from google.genai import types  # noqa: E402
 from sqlalchemy.ext.asyncio import AsyncEngine  # noqa: E402
 
 from agentrun import store  # noqa: E402
-from agentrun_runner.ledger import WriteAheadLedger  # noqa: E402
-from agentrun_runner.retries import CallWatch, GuardedLlm  # noqa: E402
-from agentrun_runner.scripted import ScriptedLlm  # noqa: E402
 
 
 def pct(samples: list[float], p: float) -> float:
