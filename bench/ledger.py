@@ -29,6 +29,7 @@ from agentrun_runner.retries import CallWatch, GuardedLlm  # noqa: E402
 from agentrun_runner.scripted import ScriptedLlm  # noqa: E402
 from google.adk.agents import LlmAgent  # noqa: E402
 from google.adk.apps.app import App  # noqa: E402
+from google.adk.plugins.base_plugin import BasePlugin  # noqa: E402
 from google.adk.runners import Runner  # noqa: E402
 from google.adk.sessions.database_session_service import DatabaseSessionService  # noqa: E402
 from google.genai import types  # noqa: E402
@@ -74,7 +75,7 @@ async def one_run(engine: AsyncEngine, calls: int, with_ledger: bool) -> float:
     agent = LlmAgent(name="bench_agent", instruction="bench", tools=[noop_tool],
                      model=GuardedLlm.wrap(ScriptedLlm(script=script), CallWatch()))
     sessions = DatabaseSessionService(db_engine=engine)
-    plugins = [WriteAheadLedger(engine, uid, 1)] if with_ledger else []
+    plugins: list[BasePlugin] = [WriteAheadLedger(engine, uid, 1)] if with_ledger else []
     runner = Runner(app=App(name="bench-agent", root_agent=agent, plugins=plugins),
                     session_service=sessions)
     await store.begin_attempt(engine, uid, 1, "bench-agent", "bench", uid)
