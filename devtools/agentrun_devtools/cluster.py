@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from agentrun_devtools.controlplane import REPO, ControlPlane, binaries
-from agentrun_devtools.processes import Child, pids_alive, wait_for
+from agentrun_devtools.processes import Child, ProcessDied, pids_alive, wait_for
 
 DEFAULT_STATE = REPO / ".local"
 
@@ -43,7 +43,7 @@ def start_dev_node(plane: ControlPlane, work_dir: Path) -> Child:
 
     def ready() -> bool:
         if not node.alive():
-            raise RuntimeError(f"development node exited:\n{node.log_tail()}")
+            raise ProcessDied(f"development node exited:\n{node.log_tail()}")
         done = plane.kubectl(
             "get", "node", "dev-node", "-o",
             "jsonpath={.status.conditions[?(@.type=='Ready')].status}", check=False)
@@ -127,7 +127,7 @@ def up(paths: _Paths) -> int:
 
     def ready() -> bool:
         if supervisor.poll() is not None:
-            raise RuntimeError(f"the development cluster did not start; see {paths.log}:\n"
+            raise ProcessDied(f"the development cluster did not start; see {paths.log}:\n"
                                + "\n".join(paths.log.read_text().splitlines()[-30:]))
         return paths.ready.exists()
 

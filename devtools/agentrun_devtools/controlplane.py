@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agentrun_devtools.certs import PKI
-from agentrun_devtools.processes import Child, free_port, wait_for
+from agentrun_devtools.processes import Child, ProcessDied, free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "devtools" / "controlplane" / "build.sh"
@@ -73,8 +73,11 @@ class ControlPlane:
         began = time.monotonic()
         try:
             self._start()
-        except BaseException:
+        except BaseException as e:
+            logs = "\n".join(f"--- {c.name} ---\n{c.log_tail(15)}" for c in self.children)
             self.stop()
+            if isinstance(e, Exception):
+                raise RuntimeError(f"the control plane did not start: {e}\n{logs}") from e
             raise
         self.startup_seconds = time.monotonic() - began
         return self
@@ -140,7 +143,6 @@ class ControlPlane:
                 f"--service-account-private-key-file={sa_private}",
                 f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
                 f"--node-monitor-period={NODE_MONITOR_PERIOD}",
-                "--controllers=*,-nodeipam,-service-lb-controller,-route,-cloud-node-lifecycle",
                 "--v=1",
             ])
         if self.with_scheduler:
@@ -206,13 +208,13 @@ class ControlPlane:
     @staticmethod
     def _http_ok(child: Child, url: str) -> bool:
         if not child.alive():
-            raise RuntimeError(f"{child.name} exited:\n{child.log_tail()}")
+            raise ProcessDied(f"{child.name} exited:\n{child.log_tail()}")
         with urllib.request.urlopen(url, timeout=2) as response:
             return bool(response.status == 200)
 
     def _readyz(self, child: Child, admin: tuple[Path, Path], ca: Path) -> bool:
         if not child.alive():
-            raise RuntimeError(f"{child.name} exited:\n{child.log_tail()}")
+            raise ProcessDied(f"{child.name} exited:\n{child.log_tail()}")
         context = ssl.create_default_context(cafile=str(ca))
         context.load_cert_chain(str(admin[0]), str(admin[1]))
         with urllib.request.urlopen(f"{self.server}/readyz", timeout=2, context=context) as r:

@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from agentrun_devtools.processes import Child, free_port, wait_for
+from agentrun_devtools.processes import Child, ProcessDied, free_port, wait_for
 
 
 def _bin_dir() -> Path:
@@ -88,7 +88,7 @@ class Postgres:
 
     def _ready(self) -> bool:
         if self.child is not None and not self.child.alive():
-            raise RuntimeError(f"postgres exited:\n{self.child.log_tail()}")
+            raise ProcessDied(f"postgres exited:\n{self.child.log_tail()}")
         done = subprocess.run(
             [str(self._bin / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
             capture_output=True,

@@ -49,15 +49,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class ProcessDied(RuntimeError):
+    """A server exited while we waited for it: waiting longer is pointless."""
+
+
 def wait_for(
     check: Callable[[], bool], *, timeout: float, what: str, interval: float = 0.1
 ) -> None:
-    """Polls `check` until it is true; raises TimeoutError naming `what` otherwise."""
+    """Polls `check` until it is true; raises TimeoutError naming `what` otherwise.
+    Errors raised by `check` count as "not yet", except ProcessDied."""
     deadline = time.monotonic() + timeout
     while True:
-        with contextlib.suppress(Exception):
+        try:
             if check():
                 return
+        except ProcessDied:
+            raise
+        except Exception:
+            pass
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} not ready after {timeout:.0f}s")
         time.sleep(interval)

@@ -9,9 +9,16 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-k8s_version=$(awk '/^require k8s.io\/kubernetes /{print $3}' "$here/kubernetes/go.mod")
-etcd_version=$(awk '$1=="go.etcd.io/etcd/server/v3"{print $2; exit}' "$here/etcd/go.mod")
-helm_version=$(awk '$1=="helm.sh/helm/v3"{print $2; exit}' "$here/helm/go.mod")
+# The version a wrapper's go.mod requires, whether in a require block or on one line.
+required() {
+  awk -v m="$1" '$1==m && $2 ~ /^v/ {print $2; exit} $1=="require" && $2==m {print $3; exit}' "$2"
+}
+k8s_version=$(required k8s.io/kubernetes "$here/kubernetes/go.mod")
+etcd_version=$(required go.etcd.io/etcd/server/v3 "$here/etcd/go.mod")
+helm_version=$(required helm.sh/helm/v3 "$here/helm/go.mod")
+for v in "$k8s_version" "$etcd_version" "$helm_version"; do
+  [[ $v =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ ]] || { echo "cannot read the pinned versions (got '$v')" >&2; exit 1; }
+done
 go_version=$(go env GOVERSION)
 key="k8s-${k8s_version}_etcd-${etcd_version}_helm-${helm_version}_${go_version}"
 cache_root=${AGENTRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentrun}

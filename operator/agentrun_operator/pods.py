@@ -1,0 +1,124 @@
+"""The runner pod of one attempt: its name, and its manifest (pure), one per attempt."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from agentrun.vocabulary import (
+    API_VERSION,
+    ENV_DATABASE_URL,
+    LABEL_ATTEMPT,
+    LABEL_REPLAY_OF,
+    LABEL_RUN,
+    RUN_KIND,
+    RunnerEnv,
+)
+from agentrun_operator.config import OperatorConfig
+
+CONTAINER = "runner"
+
+
+def pod_name(run_name: str, attempt: int) -> str:
+    """`<run>-<attempt>`: deterministic, so that a retried handler finds its own pod."""
+    return f"{run_name}-{attempt}"
+
+
+def session_id_for(run: Mapping[str, Any], attempt: int) -> str:
+    """A chat turn continues the session it names; every other attempt gets a fresh one."""
+    spec = run.get("spec") or {}
+    if spec.get("sessionId"):
+        return str(spec["sessionId"])
+    return f"{run['metadata']['uid']}-{attempt}"
+
+
+def runner_pod(
+    run: Mapping[str, Any],
+    attempt: int,
+    session_id: str,
+    input_digest: str,
+    config: OperatorConfig,
+) -> dict[str, Any]:
+    """The pod manifest of attempt `attempt` of the AgentRun `run`."""
+    meta, spec = run["metadata"], run.get("spec") or {}
+    name = pod_name(meta["name"], attempt)
+    labels = {LABEL_RUN: meta["name"], LABEL_ATTEMPT: str(attempt)}
+    if spec.get("replayOf"):
+        labels[LABEL_REPLAY_OF] = spec["replayOf"]
+
+    if config.database_secret:
+        store: dict[str, Any] = {"name": ENV_DATABASE_URL, "valueFrom": {"secretKeyRef": {
+            "name": config.database_secret, "key": config.database_secret_key}}}
+    else:
+        store = {"name": ENV_DATABASE_URL, "value": config.database_url}
+    identity = {
+        RunnerEnv.NAMESPACE: meta["namespace"],
+        RunnerEnv.RUN_NAME: meta["name"],
+        RunnerEnv.RUN_UID: meta["uid"],
+        RunnerEnv.ATTEMPT: str(attempt),
+        RunnerEnv.AGENT: spec["agent"],
+        RunnerEnv.USER_ID: spec.get("userId") or "default",
+        RunnerEnv.SESSION_ID: session_id,
+        RunnerEnv.MODEL: spec.get("model") or "",
+        RunnerEnv.INPUT_DIGEST: input_digest,
+        RunnerEnv.TRIGGER: spec.get("trigger") or "manual",
+    }
+    # The user's env first, ours last: a later duplicate wins, so a run cannot pass
+    # itself off as another run.
+    env = [*list(spec.get("env") or []),
+           *[{"name": k, "value": v} for k, v in {**config.extra_runner_env, **identity}.items()],
+           store]
+
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": spec.get("image") or config.runner_image,
+        "command": list(config.runner_command),
+        "env": env,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+        },
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    if spec.get("resources"):
+        container["resources"] = spec["resources"]
+
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "serviceAccountName": spec.get("serviceAccountName") or config.runner_service_account,
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "runAsGroup": 65532,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}],
+        # A lost node is left after these few seconds, not the 300 s default.
+        "tolerations": [
+            {"key": key, "operator": "Exists", "effect": "NoExecute",
+             "tolerationSeconds": config.toleration_seconds}
+            for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+        ],
+    }
+    if spec.get("activeDeadlineSeconds"):
+        pod_spec["activeDeadlineSeconds"] = int(spec["activeDeadlineSeconds"])
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": meta["namespace"],
+            "labels": labels,
+            "ownerReferences": [{
+                "apiVersion": API_VERSION, "kind": RUN_KIND, "name": meta["name"],
+                "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True,
+            }],
+        },
+        "spec": pod_spec,
+    }
