@@ -16,6 +16,8 @@ from agentrun import store
 from agentrun.vocabulary import ENV_SCRIPT_TRANSCRIPT, ENV_TEST_CRASH_IN, Reason, RunnerExit
 from tests.runner.conftest import Run, launch, prepare_run, query, run_runner, runner_env
 
+pytestmark = pytest.mark.postgres
+
 EMAIL = {"to": "c42@example.com", "body": "Your refund is on its way."}
 
 

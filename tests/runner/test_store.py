@@ -18,6 +18,8 @@ from agentrun import store
 from agentrun.vocabulary import RunStatus
 from tests.runner.conftest import prepare_run, query, run_runner
 
+pytestmark = pytest.mark.postgres
+
 EMAIL = {"to": "c@example.com", "body": "hello"}
 
 

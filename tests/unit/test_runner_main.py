@@ -1,0 +1,75 @@
+"""The runner's pure decisions: its configuration, and what a failure means for the run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from agentrun_runner.ledger import LedgerWriteFailed
+from agentrun_runner.main import UsageError, classify_failure, parse_config
+from agentrun_runner.retries import EmptyModelTurn, RateLimitedAfterToolCall
+from google.genai import errors
+
+from agentrun.vocabulary import Reason, RunnerEnv, RunnerExit
+
+ENV = {
+    RunnerEnv.RUN_UID: "uid-1",
+    RunnerEnv.RUN_NAME: "triage-42",
+    RunnerEnv.AGENT: "support-agent",
+    RunnerEnv.INPUT_DIGEST: "sha256:ab",
+    RunnerEnv.ATTEMPT: "2",
+    "DATABASE_URL": "sqlite:///x.db",
+}
+
+
+def test_config_from_the_environment_with_defaults() -> None:
+    config = parse_config([], ENV)
+    assert (config.run_uid, config.run_name, config.attempt) == ("uid-1", "triage-42", 2)
+    assert config.user_id == "default"
+    assert config.session_id == "uid-1-2"  # a fresh session per attempt
+    assert config.trigger == "manual"
+    assert config.model is None
+    assert config.agents_dir.name == "agents"
+
+
+def test_flags_override_the_environment() -> None:
+    config = parse_config(["--attempt", "3", "--agents-dir", "/x", "--session-id", "chat-7"], ENV)
+    assert (config.attempt, config.agents_dir, config.session_id) == (3, Path("/x"), "chat-7")
+
+
+@pytest.mark.parametrize("missing", [RunnerEnv.RUN_UID, RunnerEnv.AGENT, RunnerEnv.INPUT_DIGEST])
+def test_missing_identity_is_a_usage_error(missing: str) -> None:
+    env = {k: v for k, v in ENV.items() if k != missing}
+    with pytest.raises(UsageError, match=missing):
+        parse_config([], env)
+
+
+def test_a_bad_attempt_is_a_usage_error() -> None:
+    with pytest.raises(UsageError):
+        parse_config([], {**ENV, RunnerEnv.ATTEMPT: "zero"})
+
+
+def _wrapped(error: BaseException) -> RuntimeError:
+    outer = RuntimeError("Error in plugin")
+    outer.__cause__ = error
+    return outer
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "reason", "says"),
+    [
+        (RateLimitedAfterToolCall(["send_email"], errors.ClientError(429, {})),
+         RunnerExit.RATE_LIMITED_AFTER_TOOL_CALL, Reason.RATE_LIMITED_AFTER_TOOL_CALL,
+         "human must decide"),
+        (_wrapped(LedgerWriteFailed("send_email", OSError("disk"))),
+         RunnerExit.AGENT_ERROR, Reason.AGENT_ERROR, "send_email was not run"),
+        (EmptyModelTurn(), RunnerExit.AGENT_ERROR, Reason.AGENT_ERROR, "empty turn"),
+        (ValueError("bad tool"), RunnerExit.AGENT_ERROR, Reason.AGENT_ERROR, "bad tool"),
+    ],
+)
+def test_failures_map_to_exit_codes_and_reasons(
+    error: BaseException, code: int, reason: str, says: str
+) -> None:
+    failure = classify_failure(error)
+    assert (failure.code, failure.reason) == (code, reason)
+    assert says in failure.message
