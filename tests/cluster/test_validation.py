@@ -202,6 +202,16 @@ CASES = [
         run_manifest("r", env=[{"name": f"E{i}", "value": "v"} for i in range(65)]),
         "spec.env: Too many: 65: must have at most 64 items",
     ),
+    Case(
+        "env name with '='",
+        run_manifest("r", env=[{"name": "A=B", "value": "x"}]),
+        "spec.env names must not contain '='",
+    ),
+    Case(
+        "serviceAccountName not a name",
+        run_manifest("r", serviceAccountName="Runner Account"),
+        "spec.serviceAccountName must be a valid ServiceAccount name",
+    ),
     # -- AgentRun: resources
     Case(
         "request above limit",

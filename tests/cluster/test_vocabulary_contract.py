@@ -1,0 +1,93 @@
+"""crds/ spells the shared vocabulary (agentrun/vocabulary.py) the same way the operator and
+the runner do. The YAML cannot import the module, so this reads both and compares them; a
+rename on one side without the other fails here instead of in a cluster."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentrun import vocabulary as v
+
+CRDS = Path(__file__).resolve().parents[2] / "crds"
+
+
+def _docs() -> list[dict[str, Any]]:
+    return [d for p in sorted(CRDS.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+
+
+def _one(kind: str, name: str) -> dict[str, Any]:
+    (found,) = [d for d in _docs() if d["kind"] == kind and d["metadata"]["name"] == name]
+    return found
+
+
+def _run_spec() -> dict[str, Any]:
+    crd = _one("CustomResourceDefinition", f"{v.RUN_PLURAL}.{v.GROUP}")
+    spec: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"][
+        "spec"
+    ]
+    return spec
+
+
+def test_crd_names_match_the_vocabulary() -> None:
+    for kind, plural in [(v.RUN_KIND, v.RUN_PLURAL), (v.REPLAY_KIND, v.REPLAY_PLURAL)]:
+        crd = _one("CustomResourceDefinition", f"{plural}.{v.GROUP}")
+        assert crd["spec"]["group"] == v.GROUP
+        assert crd["spec"]["names"]["kind"] == kind
+        assert crd["spec"]["names"]["plural"] == plural
+        assert [ver["name"] for ver in crd["spec"]["versions"]] == [v.VERSION]
+
+
+def test_trigger_enum_and_defaults_match_the_vocabulary() -> None:
+    props = _run_spec()["properties"]
+    assert tuple(props["trigger"]["enum"]) == v.Trigger.ALL
+    assert props["trigger"]["default"] == v.Trigger.MANUAL
+    assert props["userId"]["default"] == v.DEFAULT_USER_ID
+
+
+def test_env_names_refused_are_exactly_those_the_operator_sets() -> None:
+    name_rules = _run_spec()["properties"]["env"]["items"]["properties"]["name"][
+        "x-kubernetes-validations"
+    ]
+    (reserved_rule,) = [r["rule"] for r in name_rules if "AGENTRUN_RUN_NAME" in r["rule"]]
+    reserved = set(re.findall(r"'([A-Z_]+)'", reserved_rule))
+    operator_sets = {
+        value for key, value in vars(v.RunnerEnv).items() if key.isupper() and key == key.strip("_")
+    }
+    assert reserved == operator_sets | {v.ENV_DATABASE_URL}
+    # The script of the scripted model is the user's to set.
+    assert v.ENV_SCRIPT not in reserved
+
+
+def test_force_policy_guards_the_vocabulary_annotation_and_verb() -> None:
+    policy = _one("ValidatingAdmissionPolicy", "agentrun-force-replay")
+    text = yaml.safe_dump(policy["spec"])
+    assert text.count(v.ANNOTATION_FORCE_REPLAY) >= 2  # read on the new and the old object
+    assert f"check('{v.VERB_FORCE}')" in " ".join(
+        e["expression"] for e in policy["spec"]["validations"]
+    )
+    assert f"ClusterRole {v.FORCER_CLUSTER_ROLE}" in policy["spec"]["validations"][0]["message"]
+
+    forcer = _one("ClusterRole", v.FORCER_CLUSTER_ROLE)
+    assert any(
+        v.REPLAY_PLURAL in rule["resources"] and v.VERB_FORCE in rule["verbs"]
+        for rule in forcer["rules"]
+    )
+    # No aggregated role hands out `force` by the back door.
+    for role in [d for d in _docs() if d["kind"] == "ClusterRole"]:
+        if role["metadata"]["name"] != v.FORCER_CLUSTER_ROLE:
+            assert all(v.VERB_FORCE not in rule["verbs"] for rule in role["rules"])
+
+
+def test_every_policy_is_bound() -> None:
+    policies = {d["metadata"]["name"] for d in _docs() if d["kind"] == "ValidatingAdmissionPolicy"}
+    bindings = {
+        d["spec"]["policyName"]: d["spec"]["validationActions"]
+        for d in _docs()
+        if d["kind"] == "ValidatingAdmissionPolicyBinding"
+    }
+    assert policies == {"agentrun-force-replay", "agentrun-replay-of"}
+    assert bindings == {p: ["Deny"] for p in policies}
