@@ -40,6 +40,7 @@ Tools
 Memory and samples
     StoreMemoryService(engine, ttl_days=90)            an ADK BaseMemoryService
     await purge_expired_memory(engine) -> int
+    await record_side_effect(engine, tool, args, run_name, run_uid, attempt)
     await outbox(engine, run_name=None) -> list[OutboxRow]   the sample agents' side effects
 """
 
