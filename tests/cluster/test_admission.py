@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -253,3 +254,45 @@ def test_operator_creates_replay_runs_and_users_may_still_touch_them(
         assert done.returncode == 0, done.stderr
     done = ALICE.kubectl(crds, "delete", "agentrun/triage-42-replay", "-n", people)
     assert done.returncode == 0, done.stderr
+
+
+# -- the built-in roles ---------------------------------------------------------------------
+
+
+def _can(plane: Kubectl, namespace: str, user: str, verb: str, resource: str) -> bool:
+    done = plane.kubectl(
+        "auth",
+        "can-i",
+        verb,
+        f"{resource}.agentrun.dev",
+        "-n",
+        namespace,
+        f"--as={user}",
+        check=False,
+    )
+    return done.stdout.strip() == "yes"
+
+
+def test_namespace_editors_and_viewers_get_the_kinds_but_not_force(
+    crds: Kubectl, people: str
+) -> None:
+    """agentrun-edit/-view aggregate into the built-in edit/view roles; force never does."""
+    _bind(crds, people, "dana-edit", "edit", "--user=dana")
+    _bind(crds, people, "erin-view", "view", "--user=erin")
+    # The aggregation controller (kube-controller-manager) copies the rules over shortly.
+    deadline = time.monotonic() + 60
+    while not (
+        _can(crds, people, "dana", "create", "agentruns")
+        and _can(crds, people, "erin", "list", "agentrunreplays")
+    ):
+        assert time.monotonic() < deadline, "agentrun-edit/-view were not aggregated in 60s"
+        time.sleep(0.5)
+
+    assert _can(crds, people, "dana", "create", "agentrunreplays")
+    assert not _can(crds, people, "dana", "force", "agentrunreplays")
+    assert not _can(crds, people, "erin", "create", "agentruns")
+    assert _can(crds, people, "bob", "force", "agentrunreplays")
+
+    apply(crds, people, replay_manifest("again"), as_user="dana", check=True)
+    message = refused(apply(crds, people, replay_manifest("forced", force="true"), as_user="dana"))
+    assert f"{FORCE_REFUSAL} (dana may not add it in namespace {people})" in message
