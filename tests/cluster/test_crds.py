@@ -199,3 +199,40 @@ def test_status_cannot_be_written_through_the_main_resource(crds: Kubectl, names
     manifest["status"] = {"phase": "Succeeded", "toolsExecuted": []}
     apply(crds, namespace, manifest, check=True)
     assert "status" not in stored(crds, namespace, "agentrun/triage-42")
+
+
+def test_json_patch_can_say_unknown_tools(crds: Kubectl, namespace: str) -> None:
+    """A merge patch cannot write null, so the operator says "unknown" with a JSON patch."""
+    apply(crds, namespace, run_manifest("triage-42"), check=True)
+    crds.kubectl(
+        "patch",
+        "agentrun/triage-42",
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"phase": "Running", "toolsExecuted": ["send_email"]}}),
+    )
+    crds.kubectl(
+        "patch",
+        "agentrun/triage-42",
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=json",
+        "-p",
+        json.dumps(
+            [
+                {"op": "add", "path": "/status/toolsExecuted", "value": None},
+                # A null where null means nothing is dropped, not refused.
+                {"op": "add", "path": "/status/finishedAt", "value": None},
+            ]
+        ),
+    )
+    assert stored(crds, namespace, "agentrun/triage-42")["status"] == {
+        "phase": "Running",
+        "toolsExecuted": None,
+    }
+    row = table(crds, "ar", "triage-42", "-n", namespace)[0]
+    assert row["TOOLS"] == "<no value>"
