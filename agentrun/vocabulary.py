@@ -107,6 +107,8 @@ LABEL_RUN: Final = f"{GROUP}/run"
 LABEL_ATTEMPT: Final = f"{GROUP}/attempt"
 LABEL_REPLAY_OF: Final = f"{GROUP}/replay-of"
 ANNOTATION_FORCE_REPLAY: Final = f"{GROUP}/force-replay"
+# On a replay run (set by the operator with spec.replayOf): the original's input snapshot.
+ANNOTATION_INPUT_DIGEST: Final = f"{GROUP}/input-digest"
 # The RBAC verb on agentrunreplays that allows setting ANNOTATION_FORCE_REPLAY.
 VERB_FORCE: Final = "force"
 FORCER_CLUSTER_ROLE: Final = "agentrun-replay-forcer"

@@ -8,9 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
+from agentrun_devtools.cluster import start_dev_node
 from agentrun_devtools.controlplane import REPO, ControlPlane
-from agentrun_devtools.processes import pids_alive
+from agentrun_devtools.postgres import Postgres
+from agentrun_devtools.processes import Child, pids_alive
+
+from tests.harness import Operator, System
 
 CRDS = REPO / "crds"
 _namespaces = itertools.count(1)
@@ -49,6 +52,62 @@ def crds(control_plane: ControlPlane) -> ControlPlane:
 def namespace(control_plane: ControlPlane) -> Iterator[str]:
     """A fresh namespace for one test, deleted (without waiting) afterwards."""
     name = f"t{next(_namespaces)}"
+    control_plane.kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+# -- the whole system: development node, store, operator --------------------------------------
+
+# The session operator leaves namespaces named solo-* alone: tests that need an operator
+# with other settings (a short stale limit, a restart) start their own there.
+SESSION_OPERATOR_ARGS = (
+    "--namespace=!solo-*",
+    "--toleration-seconds=6",
+    "--check-interval=1",
+)
+
+
+@pytest.fixture(scope="session")
+def dev_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
+        Child]:
+    node = start_dev_node(control_plane, tmp_path_factory.mktemp("pods"))
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture(scope="session")
+def store_url(postgres: Postgres) -> str:
+    """The run store of the end-to-end tests (real Postgres), shared by all its clients."""
+    return postgres.create_database("system")
+
+
+@pytest.fixture(scope="session")
+def operator(crds: ControlPlane, dev_node: Child, store_url: str,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    process = Operator(crds, store_url, tmp_path_factory.mktemp("operator"),
+                       SESSION_OPERATOR_ARGS).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def system(crds: ControlPlane, store_url: str, operator: Operator) -> System:
+    if operator.child is None or not operator.child.alive():
+        operator.start()
+    return System(crds, store_url, operator)
+
+
+@pytest.fixture
+def solo_namespace(control_plane: ControlPlane) -> Iterator[str]:
+    """A namespace the session operator ignores (for a test's own operator)."""
+    name = f"solo-{next(_namespaces)}"
     control_plane.kubectl("create", "namespace", name)
     try:
         yield name

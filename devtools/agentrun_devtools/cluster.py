@@ -58,6 +58,7 @@ class _Paths:
         self.state = state
         self.cluster = state / "cluster"
         self.kubeconfig = state / "kubeconfig"
+        self.operator_kubeconfig = state / "operator.kubeconfig"
         self.bin = state / "bin"
         self.pid = state / "cluster.pid"
         self.ready = state / "cluster.ready"
@@ -82,8 +83,10 @@ def serve(paths: _Paths) -> None:
     plane = ControlPlane(paths.cluster).start()
     node: Child | None = None
     try:
-        shutil.copy(plane.kubeconfig, paths.kubeconfig)
-        paths.kubeconfig.chmod(0o600)
+        for source, target in ((plane.kubeconfig, paths.kubeconfig),
+                               (plane.operator_kubeconfig, paths.operator_kubeconfig)):
+            shutil.copy(source, target)
+            target.chmod(0o600)
         paths.bin.mkdir(parents=True, exist_ok=True)
         for tool in ("kubectl", "helm"):
             link = paths.bin / tool
@@ -151,7 +154,7 @@ def down(paths: _Paths) -> int:
                 os.killpg(pid, signal.SIGKILL)
     for path in (paths.cluster, paths.pods, paths.bin):
         shutil.rmtree(path, ignore_errors=True)
-    for path in (paths.kubeconfig, paths.pid, paths.ready, paths.store,
+    for path in (paths.kubeconfig, paths.operator_kubeconfig, paths.pid, paths.ready, paths.store,
                  Path(f"{paths.store}-wal"), Path(f"{paths.store}-shm")):
         path.unlink(missing_ok=True)
     print("development cluster stopped and its state removed")

@@ -60,6 +60,7 @@ class ControlPlane:
         self.with_scheduler = scheduler
         self.children: list[Child] = []
         self.kubeconfig = self.root / "kubeconfig"
+        self.operator_kubeconfig = self.root / "operator.kubeconfig"
         self.port = 0
         self.startup_seconds = 0.0
 
@@ -91,6 +92,10 @@ class ControlPlane:
                    "kubernetes.default", "kubernetes.default.svc"),
         )
         admin = pki.issue("admin", "admin", organizations=("system:masters",))
+        # The operator's identity: the admission policy lets only the group
+        # agentrun:operators set spec.replayOf (in a cluster: its ServiceAccount).
+        operator = pki.issue("operator", "agentrun-operator",
+                             organizations=("system:masters", "agentrun:operators"))
         sa_public, sa_private = pki.service_account_keys()
 
         etcd_port, etcd_peer = free_port(), free_port()
@@ -127,7 +132,8 @@ class ControlPlane:
             "--endpoint-reconciler-type=none",
             "--v=1",
         ])
-        self._write_kubeconfig(admin, pki.ca_cert)
+        self._write_kubeconfig(self.kubeconfig, admin, pki.ca_cert)
+        self._write_kubeconfig(self.operator_kubeconfig, operator, pki.ca_cert)
         wait_for(lambda: self._readyz(apiserver, admin, pki.ca_cert),
                  timeout=120, what="kube-apiserver")
 
@@ -220,18 +226,18 @@ class ControlPlane:
         with urllib.request.urlopen(f"{self.server}/readyz", timeout=2, context=context) as r:
             return bool(r.status == 200)
 
-    def _write_kubeconfig(self, admin: tuple[Path, Path], ca: Path) -> None:
+    def _write_kubeconfig(self, path: Path, user: tuple[Path, Path], ca: Path) -> None:
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "agentrun-dev", "cluster": {
                 "server": self.server, "certificate-authority": str(ca)}}],
             "users": [{"name": "admin", "user": {
-                "client-certificate": str(admin[0]), "client-key": str(admin[1])}}],
+                "client-certificate": str(user[0]), "client-key": str(user[1])}}],
             "contexts": [{"name": "agentrun-dev", "context": {
                 "cluster": "agentrun-dev", "user": "admin", "namespace": "default"}}],
             "current-context": "agentrun-dev",
         }
         # JSON is YAML; kubectl and the Python client read it as a kubeconfig.
-        self.kubeconfig.write_text(json.dumps(config, indent=2))
-        self.kubeconfig.chmod(0o600)
+        path.write_text(json.dumps(config, indent=2))
+        path.chmod(0o600)

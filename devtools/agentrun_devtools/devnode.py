@@ -189,6 +189,10 @@ class DevNode:
                     log.info("event=node-back node=%s", NODE_NAME)
                     self.lost = False
                     last_status = 0.0
+                    # Pods changed while we were silent (deleted, evicted): look again.
+                    for pod in self.core.list_pod_for_all_namespaces(
+                            field_selector=f"spec.nodeName={NODE_NAME}").items:
+                        self.events.put(("pod", pod))
                 if not self.lost:
                     self._renew_lease()
                     if time.monotonic() - last_status > STATUS_SECONDS or not any(

@@ -1,0 +1,433 @@
+"""An AgentRun's life: launch an attempt, follow its pod, settle it, retry it safely,
+cancel it, and the safety net that keeps any run from being stuck.
+
+The decisions are pure (classify.py, status.py); this module gathers the facts (the
+store, the API server) and applies what they decide. Every step is idempotent, because
+kopf may run a handler again after an operator restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from agentrun import store
+from agentrun.vocabulary import (
+    ANNOTATION_INPUT_DIGEST,
+    API_VERSION,
+    LABEL_ATTEMPT,
+    LABEL_RUN,
+    RUN_KIND,
+    Phase,
+    Reason,
+    RunStatus,
+)
+from agentrun_operator import status as st
+from agentrun_operator.classify import Outcome, classify
+from agentrun_operator.config import OperatorConfig
+from agentrun_operator.kube import InputMissing, Kube
+from agentrun_operator.pods import pod_name, runner_pod, session_id_for
+
+log = logging.getLogger("agentrun.operator")
+
+_STORE_STATUS = {Phase.SUCCEEDED: RunStatus.SUCCEEDED, Phase.FAILED: RunStatus.FAILED,
+                 Phase.CANCELLED: RunStatus.CANCELLED}
+
+
+@dataclass
+class Context:
+    """What every handler shares: configuration, the store, the API, the nodes seen."""
+
+    config: OperatorConfig
+    engine: AsyncEngine
+    kube: Kube
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    node_checks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+
+def now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _ref(run: Mapping[str, Any]) -> dict[str, Any]:
+    """What kopf needs to post an Event on the run."""
+    meta = run["metadata"]
+    return {"apiVersion": API_VERSION, "kind": RUN_KIND,
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"],
+                         "uid": meta["uid"]}}
+
+
+def _event(run: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
+    (kopf.warn if warning else kopf.info)(_ref(run), reason=reason, message=message)
+
+
+def _log(run: Mapping[str, Any], event: str, **fields: Any) -> None:
+    meta = run["metadata"]
+    extra = " ".join(f"{k}={v!r}" if isinstance(v, str) and " " in v else f"{k}={v}"
+                     for k, v in fields.items())
+    log.info("event=%s run=%s/%s %s", event, meta["namespace"], meta["name"], extra)
+
+
+# -- launch ---------------------------------------------------------------------------------
+
+
+async def launch(ctx: Context, run: Mapping[str, Any]) -> None:
+    """Snapshot the input, write the run down, and start its current attempt's pod."""
+    meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
+    if status.get("phase") in Phase.TERMINAL:
+        return
+    digest = status.get("inputDigest") or await _snapshot(ctx, run)
+    if digest is None:
+        return  # settled InputUnavailable
+    await store.record_run(
+        ctx.engine, meta["uid"], meta["namespace"], meta["name"], spec["agent"],
+        spec.get("trigger") or "manual", spec.get("userId") or "default", digest,
+        replay_of=spec.get("replayOf"))
+    if not status.get("phase"):
+        await ctx.kube.patch_run_status(meta["namespace"], meta["name"], st.live_status(
+            Phase.PENDING, Reason.CREATED, "The input was snapshotted and the run recorded.",
+            now(), status, inputDigest=digest, attempts=1,
+            observedGeneration=meta.get("generation")))
+        _event(run, Reason.CREATED, f"Input snapshotted as {digest}; run recorded.")
+    await start_attempt(ctx, run, int(status.get("attempts") or 1), digest)
+
+
+async def _snapshot(ctx: Context, run: Mapping[str, Any]) -> str | None:
+    """Copies the input (text and every file) into the store; None if a file is missing,
+    in which case the run is settled InputUnavailable before any pod exists."""
+    meta, spec = run["metadata"], run.get("spec") or {}
+    source = spec.get("input") or {}
+    if spec.get("replayOf"):
+        return await _replay_snapshot(ctx, run)
+    try:
+        files = await ctx.kube.read_input_files(meta["namespace"], source.get("files") or [])
+    except InputMissing as e:
+        await store.record_run(
+            ctx.engine, meta["uid"], meta["namespace"], meta["name"], spec["agent"],
+            spec.get("trigger") or "manual", spec.get("userId") or "default", None,
+            replay_of=spec.get("replayOf"))
+        await settle(ctx, run, 1, Outcome(Phase.FAILED, Reason.INPUT_UNAVAILABLE,
+                                          f"{e} No pod was started; fix the input and "
+                                          "create the run again."), tools=[])
+        return None
+    return await store.put_input(ctx.engine, source.get("text") or "", files)
+
+
+async def _replay_snapshot(ctx: Context, run: Mapping[str, Any]) -> str | None:
+    """A replay runs on the original's snapshot, which the approving operator named in an
+    annotation. Only the operator can create a run with spec.replayOf (admission policy),
+    so the annotation is trusted only together with it. Never a run on partial input."""
+    meta, spec = run["metadata"], run.get("spec") or {}
+    digest = (meta.get("annotations") or {}).get(ANNOTATION_INPUT_DIGEST)
+    if digest and await store.get_input(ctx.engine, digest) is not None:
+        return str(digest)
+    await store.record_run(
+        ctx.engine, meta["uid"], meta["namespace"], meta["name"], spec["agent"],
+        spec.get("trigger") or "manual", spec.get("userId") or "default", None,
+        replay_of=spec.get("replayOf"))
+    await settle(ctx, run, 1, Outcome(
+        Phase.FAILED, Reason.INPUT_UNAVAILABLE,
+        f"The input snapshot {digest or '(none named)'} of the original run "
+        f"{spec['replayOf']} is gone from the run store; no pod was started."), tools=[])
+    return None
+
+
+async def start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int, digest: str) -> None:
+    meta, spec = run["metadata"], run.get("spec") or {}
+    name = pod_name(meta["name"], attempt)
+    session = session_id_for(run, attempt)
+    await store.start_attempt(ctx.engine, meta["uid"], attempt, session, name)
+    if not spec.get("serviceAccountName"):
+        await ctx.kube.ensure_service_account(meta["namespace"],
+                                              ctx.config.runner_service_account)
+    created = await ctx.kube.create_pod(runner_pod(run, attempt, session, digest, ctx.config))
+    await ctx.kube.patch_run_status(meta["namespace"], meta["name"], {
+        "podName": name, "sessionId": session, "attempts": attempt, "inputDigest": digest})
+    if created:
+        _log(run, "pod-created", attempt=attempt, pod=name)
+        _event(run, Reason.POD_CREATED, f"Created runner pod {name} (attempt {attempt}).")
+
+
+# -- following the pod ------------------------------------------------------------------------
+
+
+async def observe_pod(ctx: Context, pod: Mapping[str, Any], *, gone: bool = False) -> None:
+    """Acts on what a runner pod says. `gone`: the pod was just deleted from the API."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    run_name, attempt = labels.get(LABEL_RUN), int(labels.get(LABEL_ATTEMPT) or 0)
+    if not run_name or not attempt:
+        return
+    node = ctx.nodes.get((pod.get("spec") or {}).get("nodeName") or "")
+    outcome = classify(pod, node, now(), ctx.config.node_lost_grace)
+    if gone and (outcome is None or not outcome.terminal):
+        outcome = Outcome(Phase.FAILED, Reason.POD_DELETED,
+                          "The runner pod was deleted while the run was running.")
+    if outcome is None:
+        return
+    run = await ctx.kube.read_run(meta["namespace"], run_name)
+    if run is None or not _owns(run, pod):
+        return
+    status = run.get("status") or {}
+    if int(status.get("attempts") or 1) != attempt or status.get("phase") in Phase.TERMINAL:
+        return
+    if not outcome.terminal:
+        if status.get("phase") == Phase.PENDING and outcome.phase == Phase.RUNNING:
+            await ctx.kube.patch_run_status(meta["namespace"], run_name, st.live_status(
+                Phase.RUNNING, Reason.STARTED, f"Runner pod {meta['name']} is running.",
+                now(), status, startedAt=status.get("startedAt") or st.stamp(now())))
+            _event(run, Reason.STARTED, f"Runner pod {meta['name']} is running.")
+        return
+    await finish_attempt(ctx, run, attempt, outcome)
+
+
+def _owns(run: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
+    uid = run["metadata"]["uid"]
+    return any(o.get("uid") == uid for o in (pod.get("metadata") or {}).get(
+        "ownerReferences") or [])
+
+
+async def finish_attempt(
+    ctx: Context, run: Mapping[str, Any], attempt: int, outcome: Outcome
+) -> None:
+    """An attempt ended: learn what the runner recorded, settle, maybe start the next."""
+    meta = run["metadata"]
+    outcome = await _with_runner_account(ctx, meta["uid"], attempt, outcome)
+    tools: list[str] | None
+    if outcome.reason == Reason.IMAGE_PULL_FAILED:
+        tools = []  # the container never started: no tool can have run
+    else:
+        tools = await _tools(ctx, meta["uid"], attempt)
+    if outcome.reason in (Reason.IMAGE_PULL_FAILED, Reason.DEADLINE_EXCEEDED):
+        await ctx.kube.delete_pod(meta["namespace"], pod_name(meta["name"], attempt))
+    if st.should_retry(run.get("spec") or {}, attempt, outcome.phase, outcome.reason, tools):
+        if await _settle_store(ctx, run, attempt, outcome, tools):
+            await _retry(ctx, run, attempt, outcome)
+        return
+    await settle(ctx, run, attempt, outcome, tools=tools)
+
+
+async def _with_runner_account(
+    ctx: Context, uid: str, attempt: int, outcome: Outcome
+) -> Outcome:
+    """The runner's own account of a plain exit (its reason and message) is more precise
+    than an exit code; the cluster's account of a disruption wins over the runner's."""
+    if outcome.reason not in (Reason.AGENT_ERROR, Reason.SUCCEEDED):
+        return outcome
+    try:
+        recorded = await store.get_outcome(ctx.engine, uid, attempt)
+    except Exception as e:  # the store may be down: the pod's account stands
+        log.warning("event=outcome-unreadable uid=%s attempt=%s error=%r", uid, attempt, e)
+        return outcome
+    if recorded is None or not recorded.status:
+        return outcome
+    if outcome.phase == Phase.FAILED and recorded.status == RunStatus.FAILED:
+        return Outcome(Phase.FAILED, recorded.reason or Reason.AGENT_ERROR,
+                       recorded.message or outcome.message)
+    if outcome.phase == Phase.SUCCEEDED and recorded.status == RunStatus.SUCCEEDED:
+        return Outcome(Phase.SUCCEEDED, Reason.SUCCEEDED, recorded.message or outcome.message)
+    return outcome
+
+
+async def _tools(ctx: Context, uid: str, attempt: int) -> list[str] | None:
+    """toolsExecuted of an attempt; None (unknown) when the store cannot be read."""
+    try:
+        return await store.tools_executed(ctx.engine, uid, attempt)
+    except Exception as e:
+        log.warning("event=tools-unreadable uid=%s attempt=%s error=%r", uid, attempt, e)
+        return None
+
+
+async def _settle_store(
+    ctx: Context, run: Mapping[str, Any], attempt: int, outcome: Outcome,
+    tools: list[str] | None,
+) -> bool:
+    """Settles the attempt in the store, first writer wins. When the store cannot be
+    reached, the run's own status is the record until the safety net catches up."""
+    try:
+        return await store.settle(ctx.engine, run["metadata"]["uid"], attempt,
+                                  _STORE_STATUS[outcome.phase], outcome.reason,
+                                  outcome.message, tools)
+    except Exception as e:
+        log.warning("event=store-settle-failed run=%s error=%r", run["metadata"]["name"], e)
+        return True
+
+
+async def settle(
+    ctx: Context, run: Mapping[str, Any], attempt: int, outcome: Outcome,
+    *, tools: list[str] | None,
+) -> None:
+    """Writes a terminal outcome to the store (if still live there) and to the status."""
+    if not await _settle_store(ctx, run, attempt, outcome, tools):
+        # Someone else settled this attempt first; their outcome stands. Show it.
+        await _show_store_outcome(ctx, run, attempt)
+        return
+    meta = run["metadata"]
+    patch = st.settled_status(outcome.phase, outcome.reason, outcome.message, tools, now(),
+                              run.get("status") or {}, attempts=attempt)
+    await ctx.kube.patch_run_status(meta["namespace"], meta["name"], patch)
+    _log(run, "settled", attempt=attempt, phase=outcome.phase, reason=outcome.reason,
+         tools=tools)
+    told = "unknown (the run store could not be read)" if tools is None else (
+        ", ".join(tools) or "none")
+    _event(run, outcome.reason, f"{outcome.message} Tools executed: {told}.",
+           warning=outcome.phase != Phase.SUCCEEDED)
+
+
+async def _show_store_outcome(ctx: Context, run: Mapping[str, Any], attempt: int) -> None:
+    found = await store.get_attempt(ctx.engine, run["metadata"]["uid"], attempt)
+    if found is None or found.status in RunStatus.LIVE:
+        return
+    phase = {v: k for k, v in _STORE_STATUS.items()}[found.status]
+    status = run.get("status") or {}
+    if status.get("phase") == phase:
+        return
+    meta = run["metadata"]
+    await ctx.kube.patch_run_status(meta["namespace"], meta["name"], st.settled_status(
+        phase, found.reason or "", found.message or "", found.tools_executed, now(), status,
+        attempts=attempt))
+
+
+async def _retry(ctx: Context, run: Mapping[str, Any], attempt: int, outcome: Outcome) -> None:
+    meta = run["metadata"]
+    following = attempt + 1
+    message = (f"Attempt {attempt} failed ({outcome.reason}) before calling any tool; "
+               f"starting attempt {following}.")
+    status = run.get("status") or {}
+    await ctx.kube.patch_run_status(meta["namespace"], meta["name"], st.live_status(
+        Phase.PENDING, Reason.RETRYING, message, now(), status, attempts=following))
+    _event(run, Reason.RETRYING, message, warning=True)
+    _log(run, "retry", attempt=following, after=outcome.reason)
+    fresh = {**run, "status": {**status, "attempts": following}}
+    await start_attempt(ctx, fresh, following, status.get("inputDigest") or "")
+
+
+# -- the safety net ---------------------------------------------------------------------------
+
+
+async def check(ctx: Context, run: Mapping[str, Any]) -> None:
+    """The periodic check of one run: never stuck, never unknown for longer than needed.
+
+    Live run: its pod must exist (missing with no outcome -> PodLost); its pod is
+    classified again (events may have been missed); past the stale limit -> Stale.
+    Settled run with toolsExecuted unknown: read it again and fill it in.
+    """
+    meta, status = run["metadata"], run.get("status") or {}
+    phase = status.get("phase")
+    if phase in Phase.TERMINAL:
+        if "toolsExecuted" in status and status["toolsExecuted"] is None:
+            await _fill_unknown_tools(ctx, run)
+        return
+    if phase not in Phase.LIVE or not status.get("podName"):
+        return
+    attempt = int(status.get("attempts") or 1)
+    started = status.get("startedAt")
+    if started:
+        since = datetime.datetime.fromisoformat(started.replace("Z", "+00:00"))
+        if now() - since > ctx.config.stale_after:
+            await ctx.kube.delete_pod(meta["namespace"], status["podName"])
+            await finish_attempt(ctx, run, attempt, Outcome(
+                Phase.FAILED, Reason.STALE, st.stale_message(ctx.config.stale_after)))
+            return
+    pod = await ctx.kube.read_pod(meta["namespace"], status["podName"])
+    if pod is None:
+        await finish_attempt(ctx, run, attempt, await _lost_pod_outcome(ctx, run, attempt))
+        return
+    await observe_pod(ctx, pod)
+
+
+async def _lost_pod_outcome(ctx: Context, run: Mapping[str, Any], attempt: int) -> Outcome:
+    """The pod is gone. If the runner recorded how it ended, that stands; else PodLost."""
+    recorded = await store.get_outcome(ctx.engine, run["metadata"]["uid"], attempt)
+    if recorded is not None and recorded.status == RunStatus.SUCCEEDED:
+        return Outcome(Phase.SUCCEEDED, Reason.SUCCEEDED, recorded.message or
+                       "The agent finished.")
+    if recorded is not None and recorded.status == RunStatus.FAILED:
+        return Outcome(Phase.FAILED, recorded.reason or Reason.AGENT_ERROR,
+                       recorded.message or "The runner failed.")
+    return Outcome(Phase.FAILED, Reason.POD_LOST,
+                   "The runner pod no longer exists and no outcome was recorded.")
+
+
+async def _fill_unknown_tools(ctx: Context, run: Mapping[str, Any]) -> None:
+    meta, status = run["metadata"], run.get("status") or {}
+    attempt = int(status.get("attempts") or 1)
+    tools = await _tools(ctx, meta["uid"], attempt)
+    if tools is None:
+        return
+    try:
+        await store.settle(ctx.engine, meta["uid"], attempt,
+                           _STORE_STATUS[status["phase"]], status.get("reason"),
+                           status.get("message"), tools)
+        await store.set_tools_executed(ctx.engine, meta["uid"], attempt, tools)
+    except Exception as e:
+        log.warning("event=store-fill-failed run=%s error=%r", meta["name"], e)
+        return
+    conditions = [c for c in status.get("conditions") or []
+                  if c.get("type") != st.Condition.TOOLS_EXECUTED]
+    await ctx.kube.patch_run_status(meta["namespace"], meta["name"], {
+        "toolsExecuted": tools,
+        "conditions": [*conditions, st.tools_condition(tools, now())]})
+    _event(run, "ToolsExecutedKnown",
+           f"The run store is readable again: tools executed: {', '.join(tools) or 'none'}.")
+
+
+# -- cancellation -----------------------------------------------------------------------------
+
+
+async def cancel(ctx: Context, run: Mapping[str, Any]) -> None:
+    """The run is being deleted: stop its pod and record Cancelled (with the tools)."""
+    meta, status = run["metadata"], run.get("status") or {}
+    if status.get("phase") in Phase.TERMINAL:
+        return
+    attempt = int(status.get("attempts") or 1)
+    if status.get("podName"):
+        await ctx.kube.delete_pod(meta["namespace"], status["podName"])
+    tools = await _tools(ctx, meta["uid"], attempt)
+    outcome = Outcome(Phase.CANCELLED, Reason.CANCELLED,
+                      "The AgentRun was deleted while it was live; its pod was stopped.")
+    if await _settle_store(ctx, run, attempt, outcome, tools):
+        _log(run, "cancelled", attempt=attempt, tools=tools)
+    if tools is None:
+        # The record must not lose the tools: keep the finalizer until they are known.
+        raise kopf.TemporaryError("the run store cannot be read; retrying", delay=5)
+
+
+# -- nodes ---------------------------------------------------------------------------------
+
+
+async def observe_node(ctx: Context, node: Mapping[str, Any], *, gone: bool = False) -> None:
+    """Remembers the node; when it stops being Ready, re-examines its runner pods once the
+    grace has passed (pods on a silent node change no more, so no pod event would come)."""
+    name = node["metadata"]["name"]
+    if gone:
+        ctx.nodes.pop(name, None)
+        return
+    ctx.nodes[name] = dict(node)
+    ready = next((c for c in (node.get("status") or {}).get("conditions") or []
+                  if c.get("type") == "Ready"), {})
+    if ready.get("status") == "True":
+        task = ctx.node_checks.pop(name, None)
+        if task is not None:
+            task.cancel()
+        return
+    if name not in ctx.node_checks or ctx.node_checks[name].done():
+        ctx.node_checks[name] = asyncio.create_task(_recheck_node(ctx, name))
+
+
+async def _recheck_node(ctx: Context, name: str) -> None:
+    await asyncio.sleep(ctx.config.node_lost_grace.total_seconds() + 0.2)
+    pods = await ctx.kube.list_pods(label_selector=LABEL_RUN,
+                                    field_selector=f"spec.nodeName={name}")
+    for pod in pods:
+        try:
+            await observe_pod(ctx, pod)
+        except Exception:
+            log.exception("event=node-recheck-failed node=%s", name)

@@ -1,0 +1,34 @@
+"""`agentrun-operator`: the kopf operator process (`make run` runs it)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+import kopf
+
+from agentrun_operator import config as configuration
+from agentrun_operator.handlers import register
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = configuration.parse(argv)
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr,
+        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    # kopf's own per-object chatter goes to debug; our handlers log one line per step.
+    logging.getLogger("kopf").setLevel(logging.WARNING)
+    registry = register(config)
+    asyncio.run(kopf.operator(
+        registry=registry,
+        standalone=True,  # no peering objects needed; run one replica (see docs)
+        clusterwide=not config.namespaces,
+        namespaces=list(config.namespaces),
+        memo=kopf.Memo(),
+    ))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""AgentRun status, built from facts (pure): phase, reason, message, and the two conditions.
+
+Tekton converts a pod into a TaskRun status in one function; this is ours. The handlers
+only gather the facts and write what these functions return.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agentrun.vocabulary import Condition, Phase, Reason
+
+
+def stamp(now: datetime.datetime) -> str:
+    return now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _condition(
+    type_: str, status: str, reason: str, message: str, now: datetime.datetime,
+    previous: Sequence[Mapping[str, Any]],
+) -> dict[str, Any]:
+    before = next((c for c in previous if c.get("type") == type_), None)
+    since = stamp(now)
+    if before is not None and before.get("status") == status and before.get(
+            "lastTransitionTime"):
+        since = before["lastTransitionTime"]
+    return {"type": type_, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": since}
+
+
+def tools_condition(
+    tools: Sequence[str] | None, now: datetime.datetime,
+    previous: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """ToolsExecuted: True (some, named), False (checked: none), Unknown (could not check)."""
+    if tools is None:
+        return _condition(Condition.TOOLS_EXECUTED, "Unknown", Condition.TOOL_STATE_UNKNOWN,
+                          "The run store could not be read; which tools ran is not known yet.",
+                          now, previous)
+    if not tools:
+        return _condition(Condition.TOOLS_EXECUTED, "False", Condition.NO_TOOL_CALLS,
+                          "No tool was called.", now, previous)
+    return _condition(Condition.TOOLS_EXECUTED, "True", Condition.TOOL_CALLS_RECORDED,
+                      ", ".join(tools), now, previous)
+
+
+def succeeded_condition(
+    phase: str, reason: str, message: str, now: datetime.datetime,
+    previous: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """Succeeded: Unknown while pending/running, True on success, False on failure/cancel."""
+    value = {Phase.SUCCEEDED: "True", Phase.FAILED: "False", Phase.CANCELLED: "False"}.get(
+        phase, "Unknown")
+    return _condition(Condition.SUCCEEDED, value, reason, message, now, previous)
+
+
+def live_status(
+    phase: str, reason: str, message: str, now: datetime.datetime,
+    previous: Mapping[str, Any], **fields: Any,
+) -> dict[str, Any]:
+    """A Pending/Running status patch (toolsExecuted is not known while the run is live)."""
+    before = list(previous.get("conditions") or [])
+    return {
+        "phase": phase, "reason": reason, "message": message, **fields,
+        "conditions": [succeeded_condition(phase, reason, message, now, before),
+                       *[c for c in before if c.get("type") == Condition.TOOLS_EXECUTED]],
+    }
+
+
+def settled_status(
+    phase: str, reason: str, message: str, tools: Sequence[str] | None,
+    now: datetime.datetime, previous: Mapping[str, Any], **fields: Any,
+) -> dict[str, Any]:
+    """The status patch of a run that ended (Succeeded, Failed or Cancelled)."""
+    before = list(previous.get("conditions") or [])
+    return {
+        "phase": phase, "reason": reason, "message": message,
+        "toolsExecuted": None if tools is None else list(tools),
+        "finishedAt": stamp(now), **fields,
+        "conditions": [succeeded_condition(phase, reason, message, now, before),
+                       tools_condition(tools, now, before)],
+    }
+
+
+def should_retry(
+    spec: Mapping[str, Any], attempt: int, phase: str, reason: str,
+    tools: Sequence[str] | None,
+) -> bool:
+    """A new attempt only when the failed one provably called no tool (`[]`, never None),
+    attempts remain, and trying again can help (not for a spent deadline, a missing
+    input, a stale run or an image that will not pull)."""
+    if phase != Phase.FAILED or tools is None or len(tools) != 0:
+        return False
+    if reason in (Reason.DEADLINE_EXCEEDED, Reason.INPUT_UNAVAILABLE, Reason.STALE,
+                  Reason.IMAGE_PULL_FAILED):
+        return False
+    max_attempts = int(((spec.get("retry") or {}).get("maxAttempts")) or 1)
+    return attempt < max_attempts
+
+
+def stale_message(limit: datetime.timedelta) -> str:
+    """The Stale message, with the figure of the configured limit ("6h", "90s", ...)."""
+    seconds = int(limit.total_seconds())
+    if seconds % 3600 == 0:
+        figure = f"{seconds // 3600}h"
+    elif seconds % 60 == 0:
+        figure = f"{seconds // 60}m"
+    else:
+        figure = f"{seconds}s"
+    return f"no completion was recorded within {figure}; its actual outcome is unknown"

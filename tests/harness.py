@@ -1,0 +1,188 @@
+"""The whole system for end-to-end tests: control plane + CRDs, development node, real
+Postgres store, and the operator as a real process (`agentrun-operator`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from agentrun_devtools.controlplane import REPO, ControlPlane
+from agentrun_devtools.processes import Child, ProcessDied, wait_for
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from agentrun import store
+from agentrun.vocabulary import GROUP, VERSION
+
+T = TypeVar("T")
+
+
+class Operator:
+    """`agentrun-operator` as a child process, restartable and killable."""
+
+    def __init__(self, plane: ControlPlane, store_url: str, log_dir: Path,
+                 args: Sequence[str] = ()) -> None:
+        self.plane, self.store_url, self.log_dir, self.args = plane, store_url, log_dir, args
+        self.child: Child | None = None
+        self.starts = 0
+
+    def start(self) -> Operator:
+        self.starts += 1
+        env = {**os.environ, "KUBECONFIG": str(self.plane.operator_kubeconfig),
+               "DATABASE_URL": self.store_url}
+        self.child = Child(
+            "operator",
+            [str(Path(sys.executable).parent / "agentrun-operator"), *self.args],
+            self.log_dir / f"operator-{self.starts}.log", env=env)
+        marker = "event=started"
+
+        def ready() -> bool:
+            assert self.child is not None
+            if not self.child.alive():
+                raise ProcessDied(f"the operator exited:\n{self.child.log_tail()}")
+            return marker in self.child.log_path.read_text(errors="replace")
+
+        wait_for(ready, timeout=60, what="operator")
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no finalizer work, as a crashed operator."""
+        assert self.child is not None
+        os.kill(self.child.pid, signal.SIGKILL)
+        self.child.process.wait(10)
+        self.child.stop()
+
+    def stop(self) -> None:
+        if self.child is not None:
+            self.child.stop()
+            self.child = None
+
+    def log(self) -> str:
+        return "\n".join(p.read_text(errors="replace")
+                         for p in sorted(self.log_dir.glob("operator-*.log")))
+
+
+class System:
+    """What a test drives: kubectl, the store, waiting for a run's status."""
+
+    def __init__(self, plane: ControlPlane, store_url: str, operator: Operator) -> None:
+        self.plane, self.store_url, self.operator = plane, store_url, operator
+
+    def kubectl(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+        return self.plane.kubectl(*args, **kw)
+
+    def apply(self, manifest: dict[str, Any]) -> None:
+        self.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(manifest))
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        done = self.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
+        return json.loads(done.stdout) if done.returncode == 0 else None
+
+    def run(self, namespace: str, name: str) -> dict[str, Any]:
+        found = self.get(f"agentruns.{GROUP}", namespace, name)
+        assert found is not None, f"AgentRun {namespace}/{name} not found"
+        return found
+
+    def wait_run(self, namespace: str, name: str, check: Callable[[dict[str, Any]], bool],
+                 *, timeout: float = 90, what: str = "") -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+
+        def ok() -> bool:
+            nonlocal seen
+            seen = self.run(namespace, name)
+            return check(seen)
+
+        try:
+            wait_for(ok, timeout=timeout, what=what or f"AgentRun {name}", interval=0.1)
+        except TimeoutError as e:
+            raise AssertionError(
+                f"{e}; last status: {json.dumps(seen.get('status'), indent=1)}\n"
+                f"operator log tail:\n{self.operator.log()[-4000:]}") from e
+        return seen
+
+    def wait_phase(self, namespace: str, name: str, *phases: str,
+                   timeout: float = 90) -> dict[str, Any]:
+        return self.wait_run(
+            namespace, name, lambda r: (r.get("status") or {}).get("phase") in phases,
+            timeout=timeout, what=f"AgentRun {name} in {phases}")
+
+    def wait_pod_running(self, namespace: str, pod: str, timeout: float = 60) -> None:
+        def running() -> bool:
+            found = self.get("pod", namespace, pod)
+            return bool(found) and (found.get("status") or {}).get("phase") == "Running"
+
+        wait_for(running, timeout=timeout, what=f"pod {pod} running")
+
+    def evict(self, namespace: str, pod: str) -> None:
+        """The Eviction API (what `kubectl drain` uses): DisruptionTarget, then deletion."""
+        body = json.dumps({"apiVersion": "policy/v1", "kind": "Eviction",
+                           "metadata": {"name": pod, "namespace": namespace}})
+        self.kubectl("create", "--raw", f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction",
+                     "-f", "-", input=body)
+
+    def store(self, fn: Callable[[AsyncEngine], Awaitable[T]]) -> T:
+        """Runs `fn(engine)` against the run store (a fresh engine and event loop)."""
+
+        async def go() -> T:
+            engine = store.make_engine(self.store_url)
+            try:
+                return await fn(engine)
+            finally:
+                await engine.dispose()
+
+        return asyncio.run(go())
+
+    def emails(self, run_name: str | None = None) -> list[Any]:
+        rows = self.store(lambda e: store.outbox(e, run_name))
+        return [r for r in rows if r.tool == "send_email"]
+
+    def wait_ledger(self, uid: str, tool: str, timeout: float = 60) -> None:
+        """Until the run's ledger holds a call of `tool` (it was called, not answered)."""
+        def called() -> bool:
+            return any(e.tool == tool for e in self.store(lambda en: store.ledger(en, uid)))
+
+        wait_for(called, timeout=timeout, what=f"ledger row for {tool}", interval=0.1)
+
+
+def agent_run(name: str, script: list[dict[str, Any]] | None = None, *,
+              agent: str = "support-agent", text: str = "Customer 42 asks for a refund",
+              **spec: Any) -> dict[str, Any]:
+    """An AgentRun manifest on the scripted model (deterministic, offline)."""
+    body: dict[str, Any] = {"agent": agent, "input": {"text": text}, **spec}
+    if script is not None:
+        body["model"] = "scripted"
+        body.setdefault("env", []).append({"name": "AGENTRUN_SCRIPT",
+                                           "value": json.dumps(script)})
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentRun",
+            "metadata": {"name": name}, "spec": body}
+
+
+def in_namespace(manifest: dict[str, Any], namespace: str) -> dict[str, Any]:
+    manifest["metadata"]["namespace"] = namespace
+    return manifest
+
+
+HAPPY = [
+    {"call": "read_message", "args": {}},
+    {"call": "send_email", "args": {"to": "customer-42@example.com", "body": "Refund on its way"}},
+    {"call": "update_crm", "args": {"customer": "42", "status": "refunded"}},
+    {"text": "Refunded customer 42 and told them."},
+]
+
+
+def email_then_wait(seconds: int = 60) -> list[dict[str, Any]]:
+    """send_email records its email, then waits before answering: acted, not answered."""
+    return [{"call": "send_email", "args": {"to": "customer-42@example.com",
+                                            "body": "Refund on its way",
+                                            "delay_seconds": seconds}},
+            {"text": "done"}]
+
+
+__all__ = ["HAPPY", "REPO", "Operator", "System", "agent_run", "email_then_wait",
+           "in_namespace"]
