@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
 from agentrun_devtools.postgres import Postgres
 
 pytest_plugins = ["tests.cluster_fixtures"]

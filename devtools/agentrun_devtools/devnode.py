@@ -84,8 +84,9 @@ class DevNode:
     """Registers the node, runs its pods, and reports their status."""
 
     def __init__(self, api: client.ApiClient, work_dir: Path, extra_path: str = "") -> None:
-        self.core = client.CoreV1Api(api)
-        self.coordination = client.CoordinationV1Api(api)
+        # The client types every field Optional; the API server fills what we read.
+        self.core: Any = client.CoreV1Api(api)
+        self.coordination: Any = client.CoordinationV1Api(api)
         self.work_dir = work_dir
         self.extra_path = extra_path
         self.pods: dict[str, PodProcess] = {}  # by pod uid
@@ -253,7 +254,7 @@ class DevNode:
             except Exception as e:
                 log.exception("event=work-failed kind=%s error=%r", kind, e)
 
-    def _on_pod(self, pod: client.V1Pod) -> None:
+    def _on_pod(self, pod: Any) -> None:
         if self.lost:
             return
         uid = pod.metadata.uid
@@ -272,7 +273,7 @@ class DevNode:
             log.info("event=simulate what=%s pod=%s/%s", simulate, proc.namespace, proc.name)
             self._kill(proc, signal.SIGKILL)
 
-    def _on_deleting(self, pod: client.V1Pod, proc: PodProcess | None) -> None:
+    def _on_deleting(self, pod: Any, proc: PodProcess | None) -> None:
         uid = pod.metadata.uid
         if proc is None or proc.process.poll() is not None:
             # Nothing runs (never started, or already reported): confirm the deletion.
@@ -290,7 +291,7 @@ class DevNode:
                         self._kill(proc, signal.SIGKILL)
                 threading.Timer(grace, escalate).start()
 
-    def _start(self, pod: client.V1Pod) -> None:
+    def _start(self, pod: Any) -> None:
         container = pod.spec.containers[0]
         namespace, name, uid = pod.metadata.namespace, pod.metadata.name, pod.metadata.uid
         argv = [*(container.command or []), *(container.args or [])]
@@ -416,7 +417,7 @@ class DevNode:
             self._kill(proc, signal.SIGKILL)
         self.finished.discard(uid)
 
-    def _report_start_failure(self, pod: client.V1Pod, container: str, message: str) -> None:
+    def _report_start_failure(self, pod: Any, container: str, message: str) -> None:
         self.finished.add(pod.metadata.uid)
         self._patch_status(pod.metadata.namespace, pod.metadata.name, {
             "phase": "Failed", "startTime": _stamp(),
@@ -431,7 +432,7 @@ class DevNode:
 
     # -- small pieces ------------------------------------------------------------------
 
-    def _env(self, pod: client.V1Pod, container: client.V1Container) -> dict[str, str]:
+    def _env(self, pod: Any, container: Any) -> dict[str, str]:
         env = {
             "PATH": os.pathsep.join(p for p in (self.extra_path, os.environ.get("PATH", "")) if p),
             "HOME": os.environ.get("HOME", "/tmp"),
@@ -448,7 +449,7 @@ class DevNode:
                     env[var.name] = value
         return env
 
-    def _resolve(self, pod: client.V1Pod, source: client.V1EnvVarSource) -> str | None:
+    def _resolve(self, pod: Any, source: Any) -> str | None:
         import base64
 
         ns = pod.metadata.namespace

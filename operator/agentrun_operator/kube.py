@@ -60,8 +60,8 @@ class Kube:
     async def list_runs(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         response = await asyncio.to_thread(
             self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, RUN_PLURAL,
-            label_selector=label_selector)
-        return list(response.get("items") or [])
+            label_selector=label_selector, _preload_content=False)
+        return list(_json(response).get("items") or [])
 
     async def patch_run_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         await self._patch_status(RUN_PLURAL, namespace, name, status)

@@ -56,12 +56,12 @@ def now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-def _ref(run: Mapping[str, Any]) -> dict[str, Any]:
+def _ref(run: Mapping[str, Any]) -> kopf.Body:
     """What kopf needs to post an Event on the run."""
     meta = run["metadata"]
-    return {"apiVersion": API_VERSION, "kind": RUN_KIND,
+    return kopf.Body({"apiVersion": API_VERSION, "kind": RUN_KIND,
             "metadata": {"name": meta["name"], "namespace": meta["namespace"],
-                         "uid": meta["uid"]}}
+                         "uid": meta["uid"]}})
 
 
 def _event(run: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
@@ -411,7 +411,7 @@ async def observe_node(ctx: Context, node: Mapping[str, Any], *, gone: bool = Fa
         ctx.nodes.pop(name, None)
         return
     ctx.nodes[name] = dict(node)
-    ready = next((c for c in (node.get("status") or {}).get("conditions") or []
+    ready: Mapping[str, Any] = next((c for c in (node.get("status") or {}).get("conditions") or []
                   if c.get("type") == "Ready"), {})
     if ready.get("status") == "True":
         task = ctx.node_checks.pop(name, None)

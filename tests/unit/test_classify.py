@@ -6,9 +6,9 @@ import datetime
 from typing import Any
 
 import pytest
+from agentrun_operator.classify import classify
 
 from agentrun.vocabulary import Phase, Reason
-from agentrun_operator.classify import classify
 
 NOW = datetime.datetime(2026, 11, 30, 12, 0, 0, tzinfo=datetime.UTC)
 GRACE = datetime.timedelta(seconds=30)
