@@ -68,6 +68,16 @@ class Postgres:
              "-U", "agentrun", "-A", "trust", "-E", "UTF8", "--no-sync"],
             check=True, capture_output=True,
         )
+        self._serve()
+        wait_for(self._ready, timeout=60, what="postgres")
+        subprocess.run(
+            [str(self._bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.port),
+             "-U", "agentrun", self.database],
+            check=True, capture_output=True,
+        )
+        return self
+
+    def _serve(self) -> None:
         self.child = Child(
             "postgres",
             [str(self._bin / "postgres"), "-D", str(self.data),
@@ -78,13 +88,17 @@ class Postgres:
             self.root / "postgres.log",
             user=self._user,
         )
+
+    def halt(self) -> None:
+        """Stops the server but keeps its data: the store becomes unreachable."""
+        if self.child is not None:
+            self.child.stop(grace=10)
+            self.child = None
+
+    def resume(self) -> None:
+        """Starts the halted server again, same data, same port."""
+        self._serve()
         wait_for(self._ready, timeout=60, what="postgres")
-        subprocess.run(
-            [str(self._bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.port),
-             "-U", "agentrun", self.database],
-            check=True, capture_output=True,
-        )
-        return self
 
     def _ready(self) -> bool:
         if self.child is not None and not self.child.alive():

@@ -328,7 +328,8 @@ async def check(ctx: Context, run: Mapping[str, Any]) -> None:
     if phase not in Phase.LIVE or not status.get("podName"):
         return
     attempt = int(status.get("attempts") or 1)
-    started = status.get("startedAt")
+    # A pod that never starts never sets startedAt: count from the run's creation then.
+    started = status.get("startedAt") or meta.get("creationTimestamp")
     if started:
         since = datetime.datetime.fromisoformat(started.replace("Z", "+00:00"))
         if now() - since > ctx.config.stale_after:

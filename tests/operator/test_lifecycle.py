@@ -3,7 +3,12 @@ real runner processes on the scripted model, the operator as a process."""
 
 from __future__ import annotations
 
-from agentrun.vocabulary import Condition, Phase, Reason
+import time
+
+from agentrun_devtools.processes import wait_for
+
+from agentrun import store
+from agentrun.vocabulary import Condition, Phase, Reason, RunStatus
 from tests.harness import HAPPY, System, agent_run, email_then_wait, in_namespace
 
 
@@ -40,3 +45,161 @@ def test_eviction_while_send_email_waits(system: System, namespace: str) -> None
     assert run["status"]["toolsExecuted"] == ["send_email"]
     assert conditions(run)[Condition.TOOLS_EXECUTED]["status"] == "True"
     assert len(system.emails("evict-1")) == 1
+
+
+def think_then_email(seconds: int) -> list[dict]:
+    """The model thinks for `seconds` before its first call: no tool has run meanwhile."""
+    return [{"sleep": seconds},
+            {"call": "send_email", "args": {"to": "customer-42@example.com", "body": "Hi"}},
+            {"text": "done"}]
+
+
+def test_eviction_while_thinking_is_retried_safely(system: System, namespace: str) -> None:
+    manifest = agent_run("think-1", think_then_email(10), retry={"maxAttempts": 2})
+    system.apply(in_namespace(manifest, namespace))
+    system.wait_phase(namespace, "think-1", Phase.RUNNING)
+    system.wait_pod_running(namespace, "think-1-1")
+    system.evict(namespace, "think-1-1")
+    retried = system.wait_run(namespace, "think-1",
+                              lambda r: r["status"].get("podName") == "think-1-2",
+                              what="attempt 2")
+    assert retried["status"]["attempts"] == 2
+    run = system.wait_phase(namespace, "think-1", Phase.SUCCEEDED, Phase.FAILED, timeout=120)
+    assert run["status"]["phase"] == Phase.SUCCEEDED, run["status"]
+    assert run["status"]["attempts"] == 2
+    assert run["status"]["toolsExecuted"] == ["send_email"]
+    assert len(system.emails("think-1")) == 1
+    ledger = system.store(lambda e: store.ledger(e, run["metadata"]["uid"]))
+    assert [(x.attempt, x.tool) for x in ledger] == [(2, "send_email")]
+
+
+def test_eviction_while_thinking_without_retry_fails_with_no_tools(
+        system: System, namespace: str) -> None:
+    system.apply(in_namespace(agent_run("think-2", think_then_email(30)), namespace))
+    system.wait_pod_running(namespace, "think-2-1")
+    system.evict(namespace, "think-2-1")
+    run = system.wait_phase(namespace, "think-2", Phase.FAILED, Phase.SUCCEEDED)
+    assert run["status"]["reason"] == Reason.EVICTED
+    assert run["status"]["toolsExecuted"] == []
+    assert conditions(run)[Condition.TOOLS_EXECUTED]["status"] == "False"
+    assert system.emails("think-2") == []
+
+
+def test_node_pressure_eviction(system: System, namespace: str) -> None:
+    system.apply(in_namespace(agent_run("pressure", email_then_wait(60)), namespace))
+    uid = system.wait_phase(namespace, "pressure", Phase.RUNNING)["metadata"]["uid"]
+    system.wait_ledger(uid, "send_email")
+    system.kubectl("annotate", "pod", "pressure-1", "-n", namespace,
+                   "dev.agentrun.dev/simulate=node-pressure-eviction")
+    run = system.wait_phase(namespace, "pressure", Phase.FAILED, Phase.SUCCEEDED)
+    assert run["status"]["reason"] == Reason.EVICTED
+    assert "low on resource: memory" in run["status"]["message"]
+    assert run["status"]["toolsExecuted"] == ["send_email"]
+
+
+def test_oom(system: System, namespace: str) -> None:
+    system.apply(in_namespace(agent_run("oom", think_then_email(60)), namespace))
+    system.wait_pod_running(namespace, "oom-1")
+    system.kubectl("annotate", "pod", "oom-1", "-n", namespace, "dev.agentrun.dev/simulate=oom")
+    run = system.wait_phase(namespace, "oom", Phase.FAILED, Phase.SUCCEEDED)
+    assert run["status"]["reason"] == Reason.OOM_KILLED
+    assert "spec.resources.limits.memory" in run["status"]["message"]
+    assert run["status"]["toolsExecuted"] == []
+
+
+def test_pod_deleted_by_hand(system: System, namespace: str) -> None:
+    system.apply(in_namespace(agent_run("deleted", think_then_email(60)), namespace))
+    system.wait_pod_running(namespace, "deleted-1")
+    system.kubectl("delete", "pod", "deleted-1", "-n", namespace, "--wait=false")
+    run = system.wait_phase(namespace, "deleted", Phase.FAILED, Phase.SUCCEEDED)
+    assert run["status"]["reason"] == Reason.POD_DELETED
+    assert run["status"]["toolsExecuted"] == []
+
+
+def test_agent_error_carries_the_runners_message(system: System, namespace: str) -> None:
+    system.apply(in_namespace(agent_run("broken", [{"empty": True}, {"empty": True}]),
+                              namespace))
+    run = system.wait_phase(namespace, "broken", Phase.FAILED, Phase.SUCCEEDED)
+    assert run["status"]["reason"] == Reason.AGENT_ERROR
+    assert "empty" in run["status"]["message"].lower()
+    assert run["status"]["toolsExecuted"] == []
+
+
+def test_rate_limit_after_a_tool_call_is_not_retried(system: System, namespace: str) -> None:
+    script = [{"call": "send_email", "args": {"to": "c@example.com", "body": "x"}},
+              {"error": 429}]
+    system.apply(in_namespace(agent_run("limited", script, retry={"maxAttempts": 3}),
+                              namespace))
+    run = system.wait_phase(namespace, "limited", Phase.FAILED, Phase.SUCCEEDED)
+    assert run["status"]["reason"] == Reason.RATE_LIMITED_AFTER_TOOL_CALL
+    assert run["status"]["attempts"] == 1
+    assert run["status"]["toolsExecuted"] == ["send_email"]
+    assert len(system.emails("limited")) == 1
+
+
+def test_deleting_a_running_run_cancels_it(system: System, namespace: str) -> None:
+    system.apply(in_namespace(agent_run("cancel-me", email_then_wait(60)), namespace))
+    uid = system.wait_phase(namespace, "cancel-me", Phase.RUNNING)["metadata"]["uid"]
+    system.wait_ledger(uid, "send_email")
+    system.kubectl("delete", "agentrun", "cancel-me", "-n", namespace, "--timeout=60s")
+    assert system.get("agentrun", namespace, "cancel-me") is None
+    wait_for(lambda: system.get("pod", namespace, "cancel-me-1") is None, timeout=60,
+             what="runner pod gone")
+    recorded = system.store(lambda e: store.get_run(e, uid))
+    assert recorded is not None
+    assert recorded.status == RunStatus.CANCELLED
+    assert recorded.tools_executed == ["send_email"]
+
+
+def test_missing_input_config_map(system: System, namespace: str) -> None:
+    manifest = agent_run("no-input", HAPPY)
+    manifest["spec"]["input"]["files"] = [
+        {"name": "invoice.pdf", "configMapKeyRef": {"name": "invoices", "key": "42.pdf"}}]
+    system.apply(in_namespace(manifest, namespace))
+    run = system.wait_phase(namespace, "no-input", Phase.FAILED, Phase.SUCCEEDED)
+    assert run["status"]["reason"] == Reason.INPUT_UNAVAILABLE
+    assert f"ConfigMap {namespace}/invoices does not exist" in run["status"]["message"]
+    assert run["status"]["toolsExecuted"] == []
+    assert system.get("pod", namespace, "no-input-1") is None
+
+
+def test_input_files_are_copied_before_the_run(system: System, namespace: str) -> None:
+    system.kubectl("create", "configmap", "invoices", "-n", namespace,
+                   "--from-literal=42.pdf=PDF-BYTES")
+    manifest = agent_run("with-input", HAPPY)
+    manifest["spec"]["input"]["files"] = [
+        {"name": "invoice.pdf", "configMapKeyRef": {"name": "invoices", "key": "42.pdf"}}]
+    system.apply(in_namespace(manifest, namespace))
+    run = system.wait_phase(namespace, "with-input", Phase.SUCCEEDED, Phase.FAILED)
+    system.kubectl("delete", "configmap", "invoices", "-n", namespace)
+    snapshot = system.store(lambda e: store.get_input(e, run["status"]["inputDigest"]))
+    assert snapshot is not None
+    assert snapshot.files == {"invoice.pdf": b"PDF-BYTES"}
+
+
+def test_node_lost(system: System, namespace: str) -> None:
+    """The node stops reporting: the run fails NodeLost after the short tolerations
+    (6 s here), not after the 300 s default."""
+    system.apply(in_namespace(agent_run("lost", email_then_wait(120)), namespace))
+    uid = system.wait_phase(namespace, "lost", Phase.RUNNING)["metadata"]["uid"]
+    system.wait_ledger(uid, "send_email")
+    began = time.monotonic()
+    system.kubectl("annotate", "node", "dev-node", "dev.agentrun.dev/simulate=lost")
+    try:
+        run = system.wait_phase(namespace, "lost", Phase.FAILED, Phase.SUCCEEDED, timeout=120)
+        took = time.monotonic() - began
+    finally:
+        system.kubectl("annotate", "node", "dev-node", "dev.agentrun.dev/simulate-")
+        wait_node_healthy(system)
+    assert run["status"]["reason"] == Reason.NODE_LOST
+    assert run["status"]["toolsExecuted"] == ["send_email"]
+    assert took < 120, took
+
+
+def wait_node_healthy(system: System) -> None:
+    def healthy() -> bool:
+        node = system.get("node", "default", "dev-node") or {}
+        ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
+        return ready[0]["status"] == "True" and not node["spec"].get("taints")
+
+    wait_for(healthy, timeout=120, what="dev-node Ready without taints")
