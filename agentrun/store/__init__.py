@@ -37,6 +37,13 @@ Tools
     await ledger(engine, uid) -> list[LedgerEntry]     by attempt, then call order
     await open_call(...) / close_call(...)             the runner's write-ahead ledger
 
+Replays (approved AgentRunReplays; at most one non-forced approval per run, atomically)
+    await approve_replay(engine, uid=, namespace=, name=, run_uid=, run_name=, forced=,
+                         reason=, message=, replay_run_name=, tools_executed=) -> Claim
+        granted, or the other replay's approval that holds the run's one non-forced slot
+    await get_replay_approval(engine, replay_uid) -> ReplayApproval | None
+    await replays_of(engine, run_uid) -> list[ReplayApproval]
+
 Memory and samples
     StoreMemoryService(engine, ttl_days=90)            an ADK BaseMemoryService
     await purge_expired_memory(engine) -> int
@@ -64,6 +71,14 @@ from agentrun.store.ledger import (
 from agentrun.store.memory import StoreMemoryService, purge_expired_memory
 from agentrun.store.migrate import StoreNotReady, check_schema, head_revision, migrate
 from agentrun.store.outbox import OutboxRow, outbox, record_side_effect
+from agentrun.store.replays import (
+    Claim,
+    ReplayApproval,
+    ReplayRace,
+    approve_replay,
+    get_replay_approval,
+    replays_of,
+)
 from agentrun.store.runs import (
     Attempt,
     Outcome,
@@ -83,14 +98,18 @@ from agentrun.store.runs import (
 
 __all__ = [
     "Attempt",
+    "Claim",
     "Input",
     "LedgerEntry",
     "OutboxRow",
     "Outcome",
+    "ReplayApproval",
+    "ReplayRace",
     "Run",
     "RunNotRecorded",
     "StoreMemoryService",
     "StoreNotReady",
+    "approve_replay",
     "args_digest",
     "async_url",
     "begin_attempt",
@@ -100,6 +119,7 @@ __all__ = [
     "get_attempt",
     "get_input",
     "get_outcome",
+    "get_replay_approval",
     "get_run",
     "head_revision",
     "input_digest",
@@ -116,6 +136,7 @@ __all__ = [
     "record_run",
     "record_side_effect",
     "redact",
+    "replays_of",
     "session_service_url",
     "set_tools_executed",
     "settle",

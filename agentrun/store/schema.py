@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     ForeignKey,
@@ -184,6 +185,28 @@ sample_outbox = Table(
     Column("args", JSON, nullable=False),
     Column("created_at", UTCDateTime, nullable=False),
     Index(None, "run_name"),
+)
+
+# Approved replays (AgentRunReplay decisions that created a run), forced ones included.
+# `unforced_run_uid` is the original's uid on a non-forced approval and NULL on a forced one:
+# its unique constraint is what makes "at most one non-forced replay per run" atomic across
+# concurrent handlers and operator replicas (NULLs never collide).
+replays = Table(
+    "replays",
+    metadata,
+    Column("uid", String(64), primary_key=True),
+    Column("namespace", String(253), nullable=False),
+    Column("name", String(253), nullable=False),
+    Column("run_uid", String(64), nullable=False),
+    Column("run_name", String(253), nullable=False),
+    Column("forced", Boolean, nullable=False),
+    Column("unforced_run_uid", String(64), unique=True),
+    Column("reason", String(64), nullable=False),
+    Column("message", Text, nullable=False),
+    Column("replay_run_name", String(253), nullable=False),
+    Column("tools_executed", NullableJSON),
+    Column("decided_at", UTCDateTime, nullable=False),
+    Index(None, "run_uid"),
 )
 
 OUR_TABLES = frozenset(t.name for t in metadata.sorted_tables)
