@@ -12,8 +12,16 @@ from typing import Any
 import kopf
 
 from agentrun import store
-from agentrun.vocabulary import GROUP, LABEL_RUN, RUN_PLURAL, VERSION, Phase
-from agentrun_operator import lifecycle
+from agentrun.vocabulary import (
+    ANNOTATION_FORCE_REPLAY,
+    GROUP,
+    LABEL_RUN,
+    REPLAY_PLURAL,
+    RUN_PLURAL,
+    VERSION,
+    Phase,
+)
+from agentrun_operator import lifecycle, replay
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.kube import Kube
 from agentrun_operator.lifecycle import Context
@@ -89,5 +97,21 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
     @kopf.on.event("", "v1", "nodes", registry=registry)
     async def node_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await lifecycle.observe_node(memo.ctx, body, gone=type == "DELETED")
+
+    # -- AgentRunReplay: decided on creation, and again when the force annotation is added
+    # to a Refused one (replay.reconcile leaves Approved ones, and unforced Refused ones, be).
+
+    @kopf.on.create(GROUP, VERSION, REPLAY_PLURAL, registry=registry)
+    async def replay_created(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        await replay.reconcile(memo.ctx, body)
+
+    @kopf.on.update(GROUP, VERSION, REPLAY_PLURAL, id="replay-forced", registry=registry,
+                    field=("metadata", "annotations", ANNOTATION_FORCE_REPLAY))
+    async def replay_forced(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        await replay.reconcile(memo.ctx, body)
+
+    @kopf.on.resume(GROUP, VERSION, REPLAY_PLURAL, registry=registry)
+    async def replay_resumed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        await replay.reconcile(memo.ctx, body)
 
     return registry

@@ -85,7 +85,7 @@ class Kube:
             ops = [{"op": "add", "path": f"/status/{k}", "value": None} for k in nulls]
             await asyncio.to_thread(
                 self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace,
-                plural, name, ops)
+                plural, name, ops, _content_type="application/json-patch+json")
 
     # -- pods ------------------------------------------------------------------------------
 

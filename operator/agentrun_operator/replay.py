@@ -1,0 +1,231 @@
+"""An AgentRunReplay: gather the facts, call the pure decision (decide.py), act on it.
+
+Approval creates a NEW AgentRun (the original is never modified) named after the replay,
+deterministically, so that a handler that runs again after an operator restart finds the
+run it created instead of creating a second one. The approval itself is recorded in the
+store first, atomically (one non-forced approval per original, see store.approve_replay);
+a handler that runs again reads that record back and finishes the same approval.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from agentrun import store
+from agentrun.vocabulary import (
+    ANNOTATION_INPUT_DIGEST,
+    API_VERSION,
+    LABEL_REPLAY_OF,
+    REPLAY_KIND,
+    RUN_KIND,
+    Condition,
+    Phase,
+    ReplayPhase,
+)
+from agentrun_operator import status as st
+from agentrun_operator.decide import Decision, Original, decide, is_forced
+from agentrun_operator.lifecycle import Context, now
+
+log = logging.getLogger("agentrun.operator")
+
+# A run's name is also a label value and its pods are `<run>-<attempt>`: keep it short.
+_MAX_RUN_NAME = 60
+# The spec fields a replay run does not take over: it runs in a fresh session, and its
+# replayOf names the run it replays (set below).
+_NOT_COPIED = ("sessionId", "replayOf")
+
+
+def replay_run_name(replay: Mapping[str, Any]) -> str:
+    """The new AgentRun's name: the replay's name and a digest of its uid. Deterministic
+    (a retried handler finds its own run) and distinct from any run a user named."""
+    meta = replay["metadata"]
+    suffix = hashlib.sha256(meta["uid"].encode()).hexdigest()[:5]
+    base = meta["name"][: _MAX_RUN_NAME - len(suffix) - 1].rstrip("-.")
+    return f"{base}-{suffix}"
+
+
+def replay_run(
+    replay: Mapping[str, Any], original: Mapping[str, Any], name: str, digest: str
+) -> dict[str, Any]:
+    """The replay run's manifest: the original's spec on the original's input snapshot
+    (named by digest: its ConfigMaps may be gone by now), in a fresh session, for the same
+    user."""
+    meta = replay["metadata"]
+    run_name = original["metadata"]["name"]
+    spec = {k: v for k, v in (original.get("spec") or {}).items() if k not in _NOT_COPIED}
+    spec["replayOf"] = run_name
+    return {
+        "apiVersion": API_VERSION,
+        "kind": RUN_KIND,
+        "metadata": {
+            "name": name,
+            "namespace": meta["namespace"],
+            "labels": {LABEL_REPLAY_OF: run_name},
+            "annotations": {ANNOTATION_INPUT_DIGEST: digest},
+        },
+        "spec": spec,
+    }
+
+
+async def original_facts(ctx: Context, original: Mapping[str, Any] | None) -> Original | None:
+    """What decide() needs to know about the run to replay; None if it does not exist."""
+    if original is None:
+        return None
+    status = original.get("status") or {}
+    # Missing and null both mean unknown; only a list (possibly empty) is known.
+    tools = status.get("toolsExecuted")
+    digest = status.get("inputDigest")
+    if not digest:
+        recorded = await store.get_run(ctx.engine, original["metadata"]["uid"])
+        digest = recorded.input_digest if recorded is not None else None
+    available = bool(digest) and await store.get_input(ctx.engine, str(digest)) is not None
+    return Original(phase=status.get("phase") or "",
+                    tools_executed=None if tools is None else list(tools),
+                    input_digest=digest or None, input_available=available,
+                    reason=status.get("reason") or "")
+
+
+async def reconcile(ctx: Context, replay: Mapping[str, Any]) -> None:
+    """Decides a replay (on creation, and again when the force annotation is added to a
+    Refused one) and applies the decision. An Approved replay is final."""
+    meta, spec, status = replay["metadata"], replay.get("spec") or {}, replay.get("status") or {}
+    forced = is_forced(meta.get("annotations"))
+    if status.get("phase") == ReplayPhase.APPROVED:
+        return
+    if status.get("phase") == ReplayPhase.REFUSED and not forced:
+        return
+    run_name = spec["runName"]
+    original = await ctx.kube.read_run(meta["namespace"], run_name)
+    facts = await original_facts(ctx, original)
+    new_name = replay_run_name(replay)
+
+    recorded = await store.get_replay_approval(ctx.engine, meta["uid"])
+    if recorded is not None:
+        # This handler ran before and approved: finish that approval, decide nothing anew.
+        decision = Decision(ReplayPhase.APPROVED, recorded.reason, recorded.message)
+        tools = recorded.tools_executed
+    else:
+        decision = decide(run_name, facts, already_replayed_by=None, forced=forced)
+        tools = None if facts is None or facts.tools_executed is None else list(
+            facts.tools_executed)
+        if decision.approved:
+            decision = await _claim(ctx, replay, original, facts, decision, new_name)
+
+    if decision.approved:
+        if original is not None and facts is not None and facts.input_digest:
+            await _create_run(ctx, replay_run(replay, original, new_name, facts.input_digest))
+        elif await ctx.kube.read_run(meta["namespace"], new_name) is None:
+            # Approved before, but the original (or its snapshot's name) vanished before
+            # its run was created: say so rather than create a run on nothing.
+            decision = decide(run_name, facts, already_replayed_by=None, forced=forced)
+    await _write_status(ctx, replay, decision, facts, tools,
+                        new_name if decision.approved else None)
+    _log(replay, decision, new_name if decision.approved else None)
+    _event(replay, decision.reason, decision.message
+           + (f" Created AgentRun {new_name}." if decision.approved else ""),
+           warning=not decision.approved)
+    if decision.approved and original is not None:
+        _event(original, "Replayed", f"AgentRunReplay {meta['name']} was approved "
+               f"({decision.reason}): AgentRun {new_name} runs it again on the same input.")
+
+
+async def _claim(
+    ctx: Context, replay: Mapping[str, Any], original: Mapping[str, Any] | None,
+    facts: Original | None, decision: Decision, new_name: str,
+) -> Decision:
+    """Records the approval atomically. When another replay already holds the original's
+    one non-forced approval, decides again knowing it: AlreadyReplayed, or Forced."""
+    assert original is not None and facts is not None
+    meta = replay["metadata"]
+
+    async def record(d: Decision) -> store.Claim:
+        return await store.approve_replay(
+            ctx.engine, uid=meta["uid"], namespace=meta["namespace"], name=meta["name"],
+            run_uid=original["metadata"]["uid"], run_name=original["metadata"]["name"],
+            forced=d.forced, reason=d.reason, message=d.message, replay_run_name=new_name,
+            tools_executed=facts.tools_executed)
+
+    claim = await record(decision)
+    if claim.granted:
+        return Decision(ReplayPhase.APPROVED, claim.approval.reason, claim.approval.message)
+    decision = decide(original["metadata"]["name"], facts,
+                      already_replayed_by=claim.approval.name,
+                      forced=is_forced(meta.get("annotations")))
+    if decision.approved:  # forced: not limited, but recorded
+        claim = await record(decision)
+        return Decision(ReplayPhase.APPROVED, claim.approval.reason, claim.approval.message)
+    return decision
+
+
+async def _create_run(ctx: Context, manifest: Mapping[str, Any]) -> None:
+    """Creates the replay run; finding it already there (a retried handler) is success,
+    as long as it is this replay's run."""
+    if await ctx.kube.create_run(manifest):
+        return
+    meta = manifest["metadata"]
+    found = await ctx.kube.read_run(meta["namespace"], meta["name"])
+    if found is None:
+        raise kopf.TemporaryError(f"AgentRun {meta['name']} exists and does not; retrying",
+                                  delay=1)
+    ours = ((found.get("spec") or {}).get("replayOf") == manifest["spec"]["replayOf"]
+            and (found["metadata"].get("annotations") or {}).get(ANNOTATION_INPUT_DIGEST)
+            == meta["annotations"][ANNOTATION_INPUT_DIGEST])
+    if not ours:
+        raise kopf.PermanentError(
+            f"AgentRun {meta['name']} already exists and is not this replay's run")
+
+
+async def _write_status(
+    ctx: Context, replay: Mapping[str, Any], decision: Decision, facts: Original | None,
+    tools: list[str] | None, new_name: str | None,
+) -> None:
+    meta, previous = replay["metadata"], replay.get("status") or {}
+    stamp = st.stamp(now())
+    value = "True" if decision.approved else "False"
+    before: Mapping[str, Any] = next((c for c in previous.get("conditions") or []
+                   if c.get("type") == Condition.APPROVED), {})
+    condition = {"type": Condition.APPROVED, "status": value, "reason": decision.reason,
+                 "message": decision.message,
+                 "lastTransitionTime": before.get("lastTransitionTime")
+                 if before.get("status") == value else stamp}
+    patch: dict[str, Any] = {
+        "phase": decision.phase, "reason": decision.reason, "message": decision.message,
+        "decidedAt": stamp, "observedGeneration": meta.get("generation"),
+        "conditions": [condition],
+    }
+    # toolsExecuted is a copy of the original's at decision time: only a settled original
+    # has one (null: unknown, which is said, not left out).
+    if facts is not None and facts.phase in Phase.TERMINAL:
+        patch["toolsExecuted"] = tools
+    if new_name is not None:
+        patch["replayRunName"] = new_name
+    await ctx.kube.patch_replay_status(meta["namespace"], meta["name"], patch)
+
+
+def _ref(obj: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    meta = obj["metadata"]
+    return {"apiVersion": API_VERSION, "kind": kind,
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"],
+                         "uid": meta["uid"]}}
+
+
+def _event(obj: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
+    kind = REPLAY_KIND if "runName" in (obj.get("spec") or {}) else RUN_KIND
+    # Outside a running operator (a test calling reconcile directly) there is no event
+    # queue; the status says the same.
+    with contextlib.suppress(LookupError):
+        ref: Any = _ref(obj, kind)  # kopf takes any mapping with apiVersion/kind/metadata
+        (kopf.warn if warning else kopf.info)(ref, reason=reason, message=message)
+
+
+def _log(replay: Mapping[str, Any], decision: Decision, new_name: str | None) -> None:
+    meta = replay["metadata"]
+    log.info("event=replay-decided replay=%s/%s run=%s phase=%s reason=%s replay_run=%s",
+             meta["namespace"], meta["name"], (replay.get("spec") or {}).get("runName"),
+             decision.phase, decision.reason, new_name or "-")

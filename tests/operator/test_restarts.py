@@ -1,0 +1,121 @@
+"""The operator itself fails: killed mid-run, pods vanishing while it is down, the store
+unreachable when a run ends, a run that never reports. Each test runs its own operator in
+a solo-* namespace (the session operator ignores those) with the settings it needs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from agentrun_devtools.controlplane import ControlPlane
+from agentrun_devtools.postgres import Postgres
+from agentrun_devtools.processes import wait_for
+
+from agentrun import store
+from agentrun.vocabulary import Condition, Phase, Reason
+from tests.harness import HAPPY, Operator, System, agent_run, email_then_wait, in_namespace
+
+SoloFactory = Callable[..., System]
+
+
+@pytest.fixture
+def solo(crds: ControlPlane, dev_node: object, store_url: str, solo_namespace: str,
+         tmp_path: Path) -> Iterator[SoloFactory]:
+    """Starts an operator watching only this test's namespace, with extra flags."""
+    started: list[Operator] = []
+
+    def start(*args: str, url: str = store_url) -> System:
+        operator = Operator(crds, url, tmp_path / f"op{len(started)}",
+                            (f"--namespace={solo_namespace}", "--check-interval=1", *args))
+        started.append(operator.start())
+        return System(crds, url, operator)
+
+    try:
+        yield start
+    finally:
+        for operator in started:
+            operator.stop()
+
+
+def pods_of(system: System, namespace: str, run: str) -> Sequence[str]:
+    done = system.kubectl("get", "pods", "-n", namespace, "-l", f"agentrun.dev/run={run}",
+                          "-o", "json")
+    return [p["metadata"]["name"] for p in json.loads(done.stdout)["items"]]
+
+
+def test_operator_killed_mid_run_and_restarted(solo: SoloFactory, solo_namespace: str) -> None:
+    system = solo()
+    script = [{"sleep": 6}, *HAPPY]
+    system.apply(in_namespace(agent_run("survivor", script), solo_namespace))
+    system.wait_phase(solo_namespace, "survivor", Phase.RUNNING)
+    system.operator.kill()
+    system.operator.start()
+    run = system.wait_phase(solo_namespace, "survivor", Phase.SUCCEEDED, Phase.FAILED)
+    assert run["status"]["phase"] == Phase.SUCCEEDED, run["status"]
+    assert run["status"]["attempts"] == 1
+    assert pods_of(system, solo_namespace, "survivor") == ["survivor-1"]
+    assert len(system.emails("survivor")) == 1
+
+
+def test_pod_missing_when_the_operator_starts(solo: SoloFactory, solo_namespace: str) -> None:
+    system = solo()
+    system.apply(in_namespace(agent_run("vanished", [{"sleep": 120}]), solo_namespace))
+    system.wait_phase(solo_namespace, "vanished", Phase.RUNNING)
+    system.operator.kill()
+    system.kubectl("delete", "pod", "vanished-1", "-n", solo_namespace, "--grace-period=0",
+                   "--force")
+    wait_for(lambda: system.get("pod", solo_namespace, "vanished-1") is None, timeout=30,
+             what="pod gone")
+    system.operator.start()
+    run = system.wait_phase(solo_namespace, "vanished", Phase.FAILED, Phase.SUCCEEDED)
+    assert run["status"]["reason"] == Reason.POD_LOST
+    assert run["status"]["toolsExecuted"] == []
+    assert pods_of(system, solo_namespace, "vanished") == []
+
+
+def test_store_unreachable_at_settle_time(solo: SoloFactory, solo_namespace: str,
+                                          tmp_path: Path) -> None:
+    """toolsExecuted is null (Unknown) while the store is down, never [], and is filled
+    in once the store is back."""
+    own = Postgres().start()  # its own directory: postgres must reach it
+    try:
+        url = own.url
+        import asyncio
+
+        asyncio.run(store.migrate(url))
+        system = solo(url=url)
+        system.apply(in_namespace(agent_run("blind", email_then_wait(120)), solo_namespace))
+        uid = system.wait_phase(solo_namespace, "blind", Phase.RUNNING)["metadata"]["uid"]
+        system.wait_ledger(uid, "send_email")
+        own.halt()
+        system.evict(solo_namespace, "blind-1")
+        run = system.wait_phase(solo_namespace, "blind", Phase.FAILED, Phase.SUCCEEDED)
+        assert run["status"]["reason"] == Reason.EVICTED
+        assert "toolsExecuted" in run["status"] and run["status"]["toolsExecuted"] is None
+        unknown = {c["type"]: c for c in run["status"]["conditions"]}
+        assert unknown[Condition.TOOLS_EXECUTED]["status"] == "Unknown"
+        own.resume()
+        run = system.wait_run(solo_namespace, "blind",
+                              lambda r: r["status"].get("toolsExecuted") is not None,
+                              what="toolsExecuted filled in")
+        assert run["status"]["toolsExecuted"] == ["send_email"]
+        known = {c["type"]: c for c in run["status"]["conditions"]}
+        assert known[Condition.TOOLS_EXECUTED]["status"] == "True"
+        recorded = system.store(lambda e: store.get_run(e, uid))
+        assert recorded is not None and recorded.tools_executed == ["send_email"]
+    finally:
+        own.stop()
+
+
+def test_stale_run(solo: SoloFactory, solo_namespace: str) -> None:
+    system = solo("--stale-after=4")
+    system.apply(in_namespace(agent_run("forever", [{"sleep": 600}]), solo_namespace))
+    run = system.wait_phase(solo_namespace, "forever", Phase.FAILED, Phase.SUCCEEDED,
+                            timeout=60)
+    assert run["status"]["reason"] == Reason.STALE
+    assert run["status"]["message"] == (
+        "no completion was recorded within 4s; its actual outcome is unknown")
+    wait_for(lambda: pods_of(system, solo_namespace, "forever") == [], timeout=60,
+             what="stale pod stopped")
