@@ -27,6 +27,9 @@ Runs and attempts (status: vocabulary.RunStatus)
     await get_outcome(engine, uid, attempt) -> Outcome | None
     await settle(engine, uid, attempt, status, reason, message, tools_executed) -> bool
         updates only while pending/running: True means this call settled it
+    await settle_counting(engine, uid, attempt, status, reason, message) -> Settled
+        settles, then counts the tools in the same transaction: after it, the ledger
+        refuses new calls of that attempt (open_call raises AttemptSettled)
     await set_tools_executed(engine, uid, attempt, tools) -> bool         fills NULL only
     await get_run(engine, uid) -> Run | None
     await get_attempt(engine, uid, attempt) -> Attempt | None
@@ -61,6 +64,7 @@ from agentrun.store.engine import (
 )
 from agentrun.store.inputs import Input, delete_input, get_input, input_digest, put_input
 from agentrun.store.ledger import (
+    AttemptSettled,
     LedgerEntry,
     args_digest,
     close_call,
@@ -84,6 +88,7 @@ from agentrun.store.runs import (
     Outcome,
     Run,
     RunNotRecorded,
+    Settled,
     begin_attempt,
     get_attempt,
     get_outcome,
@@ -93,11 +98,13 @@ from agentrun.store.runs import (
     record_run,
     set_tools_executed,
     settle,
+    settle_counting,
     start_attempt,
 )
 
 __all__ = [
     "Attempt",
+    "AttemptSettled",
     "Claim",
     "Input",
     "LedgerEntry",
@@ -107,6 +114,7 @@ __all__ = [
     "ReplayRace",
     "Run",
     "RunNotRecorded",
+    "Settled",
     "StoreMemoryService",
     "StoreNotReady",
     "approve_replay",
@@ -140,6 +148,7 @@ __all__ = [
     "session_service_url",
     "set_tools_executed",
     "settle",
+    "settle_counting",
     "shared_engine",
     "start_attempt",
     "tools_executed",

@@ -19,6 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agentrun.store.schema import attempts, tool_calls
+from agentrun.vocabulary import RunStatus
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,10 @@ def args_digest(args: Mapping[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(encoded.encode("utf-8")).hexdigest()
 
 
+class AttemptSettled(RuntimeError):
+    """The operator already settled this attempt: no tool may start in it any more."""
+
+
 async def open_call(
     engine: AsyncEngine,
     uid: str,
@@ -52,7 +57,15 @@ async def open_call(
     digest: str,
 ) -> None:
     """Inserts and commits the ledger row of a call that is about to run. Raises if the
-    row could not be committed: the caller must then not run the tool (fail closed)."""
+    row could not be committed: the caller must then not run the tool (fail closed).
+
+    The ledger is also a fence: once the operator has settled the attempt (the pod was
+    evicted, deleted, its node lost...), a runner that is still alive for its grace
+    period may not start another tool, or the toolsExecuted the operator reported would
+    be incomplete. The row goes in first, then the attempt's status is read under a
+    share lock: a concurrent `settle_counting` either sees this row, or this call sees
+    the attempt settled and rolls back (AttemptSettled).
+    """
     async with engine.begin() as conn:
         await conn.execute(
             tool_calls.insert().values(
@@ -60,6 +73,19 @@ async def open_call(
                 args_digest=digest, started_at=datetime.now(UTC),
             )
         )
+        status = (
+            await conn.execute(
+                select(attempts.c.status)
+                .where(attempts.c.run_uid == uid, attempts.c.attempt == attempt)
+                .with_for_update(read=True)
+            )
+        ).scalar_one_or_none()
+        if status is not None and status not in RunStatus.LIVE:
+            await conn.rollback()
+            raise AttemptSettled(
+                f"attempt {attempt} of run {uid} was already settled ({status}) by the "
+                f"operator; {tool} was not started"
+            )
 
 
 async def close_call(engine: AsyncEngine, uid: str, attempt: int, seq: int, outcome: str) -> None:
@@ -172,27 +198,36 @@ async def tools_executed(engine: AsyncEngine, uid: str, attempt: int) -> list[st
     """
     try:
         async with engine.connect() as conn:
-            rows = await conn.execute(
-                select(tool_calls.c.tool, tool_calls.c.call_id, tool_calls.c.started_at,
-                       tool_calls.c.seq)
-                .where(tool_calls.c.run_uid == uid, tool_calls.c.attempt == attempt)
-                .order_by(tool_calls.c.seq)
-            )
-            ledgered = [_Call(r.tool, r.call_id, _epoch(r.started_at), r.seq) for r in rows]
-            where = (
-                await conn.execute(
-                    select(attempts.c.app_name, attempts.c.user_id, attempts.c.session_id,
-                           attempts.c.invocation_id)
-                    .where(attempts.c.run_uid == uid, attempts.c.attempt == attempt)
-                )
-            ).one_or_none()
-            session: list[_Call] = []
-            # No invocation recorded: the runner never reached its first model call (it
-            # records the invocation before it), so the session holds no call of ours.
-            if where is not None and where.invocation_id is not None:
-                session = await _session_calls(
-                    conn, where.app_name, where.user_id, where.session_id, where.invocation_id
-                )
-    except (SQLAlchemyError, OSError, ValueError, TimeoutError):
+            return await tools_on(conn, uid, attempt)
+    except UNREADABLE:
         return None
+
+
+# What reading the store can raise when it cannot be read.
+UNREADABLE = (SQLAlchemyError, OSError, ValueError, TimeoutError)
+
+
+async def tools_on(conn: AsyncConnection, uid: str, attempt: int) -> list[str]:
+    """`tools_executed` on an open connection (inside the caller's transaction)."""
+    rows = await conn.execute(
+        select(tool_calls.c.tool, tool_calls.c.call_id, tool_calls.c.started_at,
+               tool_calls.c.seq)
+        .where(tool_calls.c.run_uid == uid, tool_calls.c.attempt == attempt)
+        .order_by(tool_calls.c.seq)
+    )
+    ledgered = [_Call(r.tool, r.call_id, _epoch(r.started_at), r.seq) for r in rows]
+    where = (
+        await conn.execute(
+            select(attempts.c.app_name, attempts.c.user_id, attempts.c.session_id,
+                   attempts.c.invocation_id)
+            .where(attempts.c.run_uid == uid, attempts.c.attempt == attempt)
+        )
+    ).one_or_none()
+    session: list[_Call] = []
+    # No invocation recorded: the runner never reached its first model call (it
+    # records the invocation before it), so the session holds no call of ours.
+    if where is not None and where.invocation_id is not None:
+        session = await _session_calls(
+            conn, where.app_name, where.user_id, where.session_id, where.invocation_id
+        )
     return union_in_call_order(session, ledgered)

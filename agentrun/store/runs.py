@@ -16,9 +16,10 @@ from typing import Any
 
 from sqlalchemy import and_, case, or_, select, update
 from sqlalchemy.engine import Row
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agentrun.store.dialect import upsert_insert
+from agentrun.store.ledger import UNREADABLE, tools_on
 from agentrun.store.schema import attempts, runs
 from agentrun.vocabulary import RunStatus
 
@@ -271,35 +272,93 @@ async def settle(
     late pod event cannot overwrite an outcome; returns whether this call settled it.
     `tools_executed` None means unknown (fill it later with `set_tools_executed`).
     """
-    now = _now()
     tools = None if tools_executed is None else list(tools_executed)
+    async with engine.begin() as conn:
+        return await _settle_on(conn, uid, attempt, status, reason, message, tools)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What `settle_counting` did: whether it settled the attempt, and its tools."""
+
+    won: bool
+    tools_executed: list[str] | None
+
+
+async def settle_counting(
+    engine: AsyncEngine,
+    uid: str,
+    attempt: int,
+    status: str,
+    reason: str | None,
+    message: str | None,
+) -> Settled:
+    """Settles an attempt and counts its tools in one transaction: the fence.
+
+    The attempt is marked settled first (a row lock); only then are the ledger and the
+    session read. A runner still alive in its grace period cannot start another tool
+    after this (open_call sees the attempt settled and refuses), and every call it
+    started before is counted. If the records cannot be read, the attempt is still
+    settled, with tools unknown (None). Returns Settled(won=False, None) when someone
+    else settled the attempt first.
+    """
+    async with engine.begin() as conn:
+        if not await _settle_on(conn, uid, attempt, status, reason, message, None):
+            return Settled(False, None)
+        tools: list[str] | None
+        try:
+            async with conn.begin_nested():
+                tools = await tools_on(conn, uid, attempt)
+        except UNREADABLE:
+            tools = None
+        if tools is not None:
+            await conn.execute(
+                update(attempts).where(*_attempt_key(uid, attempt)).values(tools_executed=tools)
+            )
+            await conn.execute(
+                update(runs)
+                .where(runs.c.uid == uid, runs.c.attempts == attempt)
+                .values(tools_executed=tools)
+            )
+        return Settled(True, tools)
+
+
+async def _settle_on(
+    conn: AsyncConnection,
+    uid: str,
+    attempt: int,
+    status: str,
+    reason: str | None,
+    message: str | None,
+    tools: list[str] | None,
+) -> bool:
+    now = _now()
     fields = dict(
         status=status, reason=reason, message=message, tools_executed=tools, finished_at=now
     )
-    async with engine.begin() as conn:
-        existing = (
-            await conn.execute(select(attempts.c.status).where(*_attempt_key(uid, attempt)))
-        ).one_or_none()
-        if existing is not None:
-            won = (
-                await conn.execute(
-                    update(attempts)
-                    .where(*_attempt_key(uid, attempt), attempts.c.status.in_(RunStatus.LIVE))
-                    .values(**fields)
-                )
-            ).rowcount == 1
-            if not won:
-                return False
-        result = await conn.execute(
-            update(runs)
-            .where(
-                runs.c.uid == uid,
-                runs.c.attempts <= attempt,
-                runs.c.status.in_(RunStatus.LIVE),
+    existing = (
+        await conn.execute(select(attempts.c.status).where(*_attempt_key(uid, attempt)))
+    ).one_or_none()
+    if existing is not None:
+        won = (
+            await conn.execute(
+                update(attempts)
+                .where(*_attempt_key(uid, attempt), attempts.c.status.in_(RunStatus.LIVE))
+                .values(**fields)
             )
-            .values(attempts=attempt, updated_at=now, **fields)
+        ).rowcount == 1
+        if not won:
+            return False
+    result = await conn.execute(
+        update(runs)
+        .where(
+            runs.c.uid == uid,
+            runs.c.attempts <= attempt,
+            runs.c.status.in_(RunStatus.LIVE),
         )
-        return existing is not None or result.rowcount == 1
+        .values(attempts=attempt, updated_at=now, **fields)
+    )
+    return existing is not None or result.rowcount == 1
 
 
 async def set_tools_executed(

@@ -115,7 +115,7 @@ async def _snapshot(ctx: Context, run: Mapping[str, Any]) -> str | None:
             replay_of=spec.get("replayOf"))
         await settle(ctx, run, 1, Outcome(Phase.FAILED, Reason.INPUT_UNAVAILABLE,
                                           f"{e} No pod was started; fix the input and "
-                                          "create the run again."), tools=[])
+                                          "create the run again."))
         return None
     return await store.put_input(ctx.engine, source.get("text") or "", files)
 
@@ -135,7 +135,7 @@ async def _replay_snapshot(ctx: Context, run: Mapping[str, Any]) -> str | None:
     await settle(ctx, run, 1, Outcome(
         Phase.FAILED, Reason.INPUT_UNAVAILABLE,
         f"The input snapshot {digest or '(none named)'} of the original run "
-        f"{spec['replayOf']} is gone from the run store; no pod was started."), tools=[])
+        f"{spec['replayOf']} is gone from the run store; no pod was started."))
     return None
 
 
@@ -197,21 +197,21 @@ def _owns(run: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
 async def finish_attempt(
     ctx: Context, run: Mapping[str, Any], attempt: int, outcome: Outcome
 ) -> None:
-    """An attempt ended: learn what the runner recorded, settle, maybe start the next."""
+    """An attempt ended: learn what the runner recorded, settle it (which fences the
+    ledger and counts the tools), then either start the next attempt or show the end."""
     meta = run["metadata"]
     outcome = await _with_runner_account(ctx, meta["uid"], attempt, outcome)
-    tools: list[str] | None
-    if outcome.reason == Reason.IMAGE_PULL_FAILED:
-        tools = []  # the container never started: no tool can have run
-    else:
-        tools = await _tools(ctx, meta["uid"], attempt)
     if outcome.reason in (Reason.IMAGE_PULL_FAILED, Reason.DEADLINE_EXCEEDED):
         await ctx.kube.delete_pod(meta["namespace"], pod_name(meta["name"], attempt))
-    if st.should_retry(run.get("spec") or {}, attempt, outcome.phase, outcome.reason, tools):
-        if await _settle_store(ctx, run, attempt, outcome, tools):
-            await _retry(ctx, run, attempt, outcome)
+    won, tools = await _settle_store(ctx, run, attempt, outcome)
+    if not won:
+        # Someone else settled this attempt first; their outcome stands. Show it.
+        await _show_store_outcome(ctx, run, attempt)
         return
-    await settle(ctx, run, attempt, outcome, tools=tools)
+    if st.should_retry(run.get("spec") or {}, attempt, outcome.phase, outcome.reason, tools):
+        await _retry(ctx, run, attempt, outcome)
+        return
+    await _show_settled(ctx, run, attempt, outcome, tools)
 
 
 async def _with_runner_account(
@@ -247,28 +247,39 @@ async def _tools(ctx: Context, uid: str, attempt: int) -> list[str] | None:
 
 async def _settle_store(
     ctx: Context, run: Mapping[str, Any], attempt: int, outcome: Outcome,
-    tools: list[str] | None,
-) -> bool:
-    """Settles the attempt in the store, first writer wins. When the store cannot be
-    reached, the run's own status is the record until the safety net catches up."""
+) -> tuple[bool, list[str] | None]:
+    """Settles the attempt in the store (first writer wins) and counts its tools in the
+    same transaction. Returns (won, tools). When the store cannot be reached, the run's
+    own status is the record, with tools unknown, until the safety net catches up."""
+    uid = run["metadata"]["uid"]
     try:
-        return await store.settle(ctx.engine, run["metadata"]["uid"], attempt,
-                                  _STORE_STATUS[outcome.phase], outcome.reason,
-                                  outcome.message, tools)
+        if outcome.reason in (Reason.IMAGE_PULL_FAILED, Reason.INPUT_UNAVAILABLE):
+            # Nothing ran: no container (image), or no pod at all (input).
+            won = await store.settle(ctx.engine, uid, attempt, _STORE_STATUS[outcome.phase],
+                                     outcome.reason, outcome.message, [])
+            return won, []
+        settled = await store.settle_counting(ctx.engine, uid, attempt,
+                                              _STORE_STATUS[outcome.phase], outcome.reason,
+                                              outcome.message)
+        return settled.won, settled.tools_executed
     except Exception as e:
         log.warning("event=store-settle-failed run=%s error=%r", run["metadata"]["name"], e)
-        return True
+        return True, None
 
 
-async def settle(
-    ctx: Context, run: Mapping[str, Any], attempt: int, outcome: Outcome,
-    *, tools: list[str] | None,
-) -> None:
+async def settle(ctx: Context, run: Mapping[str, Any], attempt: int, outcome: Outcome) -> None:
     """Writes a terminal outcome to the store (if still live there) and to the status."""
-    if not await _settle_store(ctx, run, attempt, outcome, tools):
-        # Someone else settled this attempt first; their outcome stands. Show it.
+    won, tools = await _settle_store(ctx, run, attempt, outcome)
+    if won:
+        await _show_settled(ctx, run, attempt, outcome, tools)
+    else:
         await _show_store_outcome(ctx, run, attempt)
-        return
+
+
+async def _show_settled(
+    ctx: Context, run: Mapping[str, Any], attempt: int, outcome: Outcome,
+    tools: list[str] | None,
+) -> None:
     meta = run["metadata"]
     patch = st.settled_status(outcome.phase, outcome.reason, outcome.message, tools, now(),
                               run.get("status") or {}, attempts=attempt)
@@ -360,13 +371,16 @@ async def _lost_pod_outcome(ctx: Context, run: Mapping[str, Any], attempt: int) 
 async def _fill_unknown_tools(ctx: Context, run: Mapping[str, Any]) -> None:
     meta, status = run["metadata"], run.get("status") or {}
     attempt = int(status.get("attempts") or 1)
-    tools = await _tools(ctx, meta["uid"], attempt)
-    if tools is None:
-        return
     try:
-        await store.settle(ctx.engine, meta["uid"], attempt,
-                           _STORE_STATUS[status["phase"]], status.get("reason"),
-                           status.get("message"), tools)
+        # The store may never have heard of the end (it was down): settle it there now,
+        # which fences the ledger and counts; else just read what it holds.
+        settled = await store.settle_counting(
+            ctx.engine, meta["uid"], attempt, _STORE_STATUS[status["phase"]],
+            status.get("reason"), status.get("message"))
+        tools = settled.tools_executed if settled.won else await _tools(
+            ctx, meta["uid"], attempt)
+        if tools is None:
+            return
         await store.set_tools_executed(ctx.engine, meta["uid"], attempt, tools)
     except Exception as e:
         log.warning("event=store-fill-failed run=%s error=%r", meta["name"], e)
@@ -391,11 +405,14 @@ async def cancel(ctx: Context, run: Mapping[str, Any]) -> None:
     attempt = int(status.get("attempts") or 1)
     if status.get("podName"):
         await ctx.kube.delete_pod(meta["namespace"], status["podName"])
-    tools = await _tools(ctx, meta["uid"], attempt)
     outcome = Outcome(Phase.CANCELLED, Reason.CANCELLED,
                       "The AgentRun was deleted while it was live; its pod was stopped.")
-    if await _settle_store(ctx, run, attempt, outcome, tools):
+    won, tools = await _settle_store(ctx, run, attempt, outcome)
+    if won:
         _log(run, "cancelled", attempt=attempt, tools=tools)
+    else:
+        found = await store.get_attempt(ctx.engine, meta["uid"], attempt)
+        tools = None if found is None else found.tools_executed
     if tools is None:
         # The record must not lose the tools: keep the finalizer until they are known.
         raise kopf.TemporaryError("the run store cannot be read; retrying", delay=5)
