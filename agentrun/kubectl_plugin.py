@@ -1,0 +1,320 @@
+"""`kubectl agentrun`: replay a run, see which tools it called, and why a replay was decided.
+
+    kubectl agentrun replay RUN [--force] [--note TEXT] [--name NAME]
+    kubectl agentrun tools RUN
+    kubectl agentrun why REPLAY
+
+Installed as the console script `kubectl-agentrun`; kubectl finds it on PATH. It talks to
+the cluster as kubectl does (KUBECONFIG / --kubeconfig, --context, or in-cluster), in the
+namespace given by -n/--namespace or else the context's. `tools` reads the run store
+(DATABASE_URL; default: the development cluster's SQLite file .local/agentrun.db).
+
+Exit codes: 0 done (replay approved); 1 refused (by the operator or by the API server);
+2 usage or connection errors, or no decision in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from sqlalchemy.engine import make_url
+
+from agentrun import store
+from agentrun.vocabulary import (
+    ANNOTATION_FORCE_REPLAY,
+    API_VERSION,
+    ENV_DATABASE_URL,
+    GROUP,
+    REPLAY_KIND,
+    REPLAY_PLURAL,
+    RUN_PLURAL,
+    VERSION,
+    ReplayPhase,
+)
+
+DEV_DATABASE_URL = f"sqlite:///{Path(__file__).resolve().parents[1] / '.local' / 'agentrun.db'}"
+SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+OK, REFUSED, ERROR = 0, 1, 2
+
+
+class Failure(Exception):
+    """Something the user must fix; printed without a traceback."""
+
+    def __init__(self, message: str, code: int = ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# -- the cluster --------------------------------------------------------------------------
+
+
+class Cluster:
+    """The two kinds, in one namespace, through the official client."""
+
+    def __init__(self, kubeconfig: str | None, context: str | None,
+                 namespace: str | None) -> None:
+        try:
+            if kubeconfig or context or not SA_NAMESPACE.exists():
+                config.load_kube_config(config_file=kubeconfig, context=context)
+                contexts, current = config.list_kube_config_contexts(config_file=kubeconfig)
+                if context:
+                    current = next(c for c in contexts if c["name"] == context)
+                default_ns = (current.get("context") or {}).get("namespace") or "default"
+            else:
+                config.load_incluster_config()
+                default_ns = SA_NAMESPACE.read_text().strip()
+        except (config.ConfigException, OSError, StopIteration) as e:
+            raise Failure(f"cannot find a cluster to talk to: {e}") from e
+        self.namespace = namespace or default_ns
+        self.api = client.CustomObjectsApi()
+
+    def get(self, plural: str, name: str) -> dict[str, Any] | None:
+        try:
+            found: Any = self.api.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, plural, name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise Failure(api_message(e)) from e
+        return dict(found)
+
+    def create_replay(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        try:
+            created: Any = self.api.create_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, REPLAY_PLURAL, manifest)
+        except ApiException as e:
+            raise Failure(api_message(e), REFUSED if e.status in (403, 422) else ERROR) from e
+        return dict(created)
+
+    def annotate_replay(self, name: str, annotations: dict[str, str]) -> None:
+        try:
+            self.api.patch_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, REPLAY_PLURAL, name,
+                {"metadata": {"annotations": annotations}})
+        except ApiException as e:
+            raise Failure(api_message(e), REFUSED if e.status in (403, 422) else ERROR) from e
+
+
+def api_message(e: ApiException) -> str:
+    """The API server's own sentence (an admission policy's message, for one)."""
+    try:
+        message = json.loads(e.body or "{}").get("message")
+    except ValueError:
+        message = None
+    return f"Error from server ({e.reason}): {message or e.body or e}"
+
+
+# -- replay -----------------------------------------------------------------------------------
+
+
+def replay(cluster: Cluster, run: str, *, force: bool, note: str | None, name: str | None,
+           timeout: float) -> int:
+    """Creates an AgentRunReplay of `run` (forced: with the annotation), waits for the
+    operator's decision and prints it."""
+    if cluster.get(RUN_PLURAL, run) is None:
+        print(f"note: AgentRun {run} does not exist in namespace {cluster.namespace}; the "
+              "operator will refuse the replay (RunNotFound)", file=sys.stderr)
+    existing = cluster.get(REPLAY_PLURAL, name) if name else None
+    if existing is not None:
+        if existing["spec"].get("runName") != run:
+            raise Failure(f"AgentRunReplay {name} replays {existing['spec'].get('runName')}, "
+                          f"not {run}")
+        if force:
+            cluster.annotate_replay(name or "", {ANNOTATION_FORCE_REPLAY: "true"})
+            print(f"agentrunreplay/{name} annotated {ANNOTATION_FORCE_REPLAY}=true")
+        replay_name = existing["metadata"]["name"]
+    else:
+        metadata: dict[str, Any] = {"name": name} if name else {"generateName": f"{run}-replay-"}
+        if force:
+            metadata["annotations"] = {ANNOTATION_FORCE_REPLAY: "true"}
+        spec: dict[str, Any] = {"runName": run}
+        if note:
+            spec["note"] = note
+        created = cluster.create_replay({"apiVersion": API_VERSION, "kind": REPLAY_KIND,
+                                         "metadata": metadata, "spec": spec})
+        replay_name = created["metadata"]["name"]
+        print(f"agentrunreplay/{replay_name} created" + (" (forced)" if force else ""))
+    decided = wait_for_decision(cluster, replay_name, timeout, forced=force)
+    print_decision(decided)
+    return OK if decided["status"]["phase"] == ReplayPhase.APPROVED else REFUSED
+
+
+def wait_for_decision(cluster: Cluster, name: str, timeout: float, *,
+                      forced: bool = False) -> dict[str, Any]:
+    """Until the replay is decided; when forcing, until its Refused status was looked at
+    again (an Approved status, or a refusal decided after the annotation)."""
+    began = time.monotonic()
+    since = time.time()
+    while True:
+        found = cluster.get(REPLAY_PLURAL, name)
+        status = (found or {}).get("status") or {}
+        phase = status.get("phase")
+        if found is not None and phase == ReplayPhase.APPROVED:
+            return found
+        if found is not None and phase == ReplayPhase.REFUSED and (
+                not forced or _decided_after(status, since)):
+            return found
+        if time.monotonic() - began > timeout:
+            raise Failure(f"AgentRunReplay {name} was not decided within {timeout:.0f}s; is the "
+                          "agentrun operator running? (kubectl agentrun why " + name + ")")
+        time.sleep(0.5)
+
+
+def _decided_after(status: dict[str, Any], since: float) -> bool:
+    try:
+        at = datetime.fromisoformat(str(status.get("decidedAt")).replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return at.timestamp() >= int(since)  # decidedAt has whole seconds
+
+
+def print_decision(replay: dict[str, Any]) -> None:
+    meta, spec = replay["metadata"], replay.get("spec") or {}
+    status = replay.get("status") or {}
+    run = spec.get("runName")
+    phase = status.get("phase") or ReplayPhase.PENDING
+    headline = f"{phase} ({status['reason']})" if status.get("reason") else phase
+    print(f"AgentRunReplay {meta['name']} of AgentRun {run}: {headline}")
+    if not status.get("phase"):
+        print("  the operator has not decided yet")
+        return
+    print(f"  {status.get('message', '')}")
+    forced = (meta.get("annotations") or {}).get(ANNOTATION_FORCE_REPLAY)
+    if forced is not None:
+        print(f"  force:          {ANNOTATION_FORCE_REPLAY}={forced}")
+    if "toolsExecuted" in status:
+        tools = status["toolsExecuted"]
+        told = "unknown" if tools is None else (", ".join(tools) or "none")
+        print(f"  tools executed: {told} (by {run}, at decision time)")
+    if status.get("replayRunName"):
+        print(f"  replay run:     {status['replayRunName']} "
+              f"(kubectl get agentrun {status['replayRunName']} -n {meta['namespace']})")
+    if status.get("decidedAt"):
+        print(f"  decided at:     {status['decidedAt']}")
+    if spec.get("note"):
+        print(f"  note:           {spec['note']}")
+
+
+# -- tools ------------------------------------------------------------------------------------
+
+
+def tools(cluster: Cluster, run: str, database_url: str) -> int:
+    """The ledger of each attempt of `run`: tool, when it was called, whether it answered."""
+    found = cluster.get(RUN_PLURAL, run)
+    if found is None:
+        raise Failure(f"AgentRun {run} does not exist in namespace {cluster.namespace}")
+    status = found.get("status") or {}
+    _check_store(database_url)
+    entries = asyncio.run(_ledger(database_url, found["metadata"]["uid"]))
+    told = status.get("toolsExecuted")
+    summary = ("unknown" if told is None else ", ".join(told) or "none")
+    print(f"AgentRun {run}: {status.get('phase', 'Pending')}"
+          + (f" ({status['reason']})" if status.get("reason") else "")
+          + f", attempts {status.get('attempts', 0)}, toolsExecuted: {summary}")
+    if not entries:
+        print("  no tool call in the ledger")
+        return OK
+    rows = [("ATTEMPT", "#", "TOOL", "CALLED AT", "FINISHED")]
+    for e in entries:
+        finished = (f"{e.outcome or 'yes'} at {_stamp(e.finished_at)}" if e.finished_at
+                    else "no (called, never answered)")
+        rows.append((str(e.attempt), str(e.seq), e.tool, _stamp(e.started_at), finished))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[4])
+    return OK
+
+
+async def _ledger(url: str, uid: str) -> list[store.LedgerEntry]:
+    engine = store.make_engine(url, pool_size=1, max_overflow=0)
+    try:
+        return await store.ledger(engine, uid)
+    finally:
+        await engine.dispose()
+
+
+def _check_store(url: str) -> None:
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").exists():
+        raise Failure(f"no run store at {parsed.database}: set {ENV_DATABASE_URL} to the "
+                      "operator's store (postgresql+psycopg://... or sqlite:///path)")
+
+
+def _stamp(value: Any) -> str:
+    return value.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z" if value else "-"
+
+
+# -- why --------------------------------------------------------------------------------------
+
+
+def why(cluster: Cluster, name: str) -> int:
+    found = cluster.get(REPLAY_PLURAL, name)
+    if found is None:
+        raise Failure(f"AgentRunReplay {name} does not exist in namespace {cluster.namespace}")
+    print_decision(found)
+    phase = (found.get("status") or {}).get("phase")
+    return REFUSED if phase == ReplayPhase.REFUSED else OK
+
+
+# -- command line -----------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kubectl agentrun",
+        description="Replay AgentRuns safely, and see what they did.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-n", "--namespace", help="namespace (default: the context's)")
+    common.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: "
+                        "KUBECONFIG or ~/.kube/config)")
+    common.add_argument("--context", default=None, help="kubeconfig context")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("replay", parents=[common],
+                       help="ask to run an AgentRun again; prints the operator's decision")
+    r.add_argument("run", help="the AgentRun to replay")
+    r.add_argument("--force", action="store_true",
+                   help=f"set {ANNOTATION_FORCE_REPLAY}=true (needs verb 'force' on "
+                        "agentrunreplays: ClusterRole agentrun-replay-forcer)")
+    r.add_argument("--note", help="why (spec.note)")
+    r.add_argument("--name", help="the AgentRunReplay's name (default: generated); "
+                   "with --force, an existing Refused replay of RUN is annotated")
+    r.add_argument("--timeout", type=float, default=60, help="seconds to wait for a decision")
+    t = sub.add_parser("tools", parents=[common],
+                       help="the tool-call ledger of each attempt of an AgentRun")
+    t.add_argument("run")
+    t.add_argument("--database-url", default=os.environ.get(ENV_DATABASE_URL, DEV_DATABASE_URL),
+                   help=f"the run store (env {ENV_DATABASE_URL}; default: {DEV_DATABASE_URL})")
+    w = sub.add_parser("why", parents=[common], help="a replay's decision and its message")
+    w.add_argument("replay")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        cluster = Cluster(args.kubeconfig, args.context, args.namespace)
+        if args.command == "replay":
+            return replay(cluster, args.run, force=args.force, note=args.note, name=args.name,
+                          timeout=args.timeout)
+        if args.command == "tools":
+            return tools(cluster, args.run, args.database_url)
+        return why(cluster, args.replay)
+    except Failure as e:
+        print(str(e), file=sys.stderr)
+        return e.code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
