@@ -48,6 +48,11 @@ dev-cluster: venv ## start the control plane + development node in the backgroun
 dev-cluster-down: venv ## stop the development cluster and remove its state
 	$(PY) -m agentrun_devtools.cluster down --state $(LOCAL)
 
+.PHONY: demo
+demo: venv controlplane ## dev-cluster + install + operator + the replay story (a run, an eviction, a refused replay, a forced replay)
+	$(MAKE) dev-cluster
+	$(PY) -m agentrun_devtools.demo
+
 .PHONY: install
 install: ## install the CRDs and the admission policy into the current kube context
 	$(KUBECTL) apply --server-side --force-conflicts -f crds/
@@ -56,3 +61,38 @@ install: ## install the CRDs and the admission policy into the current kube cont
 .PHONY: uninstall
 uninstall: ## remove the CRDs and the admission policy from the current kube context
 	$(KUBECTL) delete --ignore-not-found -f crds/
+
+# The operator, locally, against the current kube context. On the development cluster
+# (no KUBECONFIG set) it uses .local/operator.kubeconfig: that identity is in the group
+# agentrun:operators, which the admission policy lets set spec.replayOf.
+RUN_KUBECONFIG ?= $(or $(KUBECONFIG),$(wildcard $(LOCAL)/operator.kubeconfig))
+
+.PHONY: run
+run: venv ## run the operator in the foreground against the current kube context
+	@echo "agentrun-operator with KUBECONFIG=$(or $(RUN_KUBECONFIG),~/.kube/config)"
+	KUBECONFIG=$(RUN_KUBECONFIG) $(VENV)/bin/agentrun-operator $(RUN_ARGS)
+
+.PHONY: deploy
+deploy: ## Helm install into the current kube context (namespace agentrun-system)
+	$(HELM) upgrade --install agentrun charts/agentrun --namespace agentrun-system \
+		--create-namespace --set operator.image=$(IMG_OPERATOR) --set runner.image=$(IMG_RUNNER) \
+		$(HELM_ARGS)
+
+.PHONY: undeploy
+undeploy: ## Helm uninstall
+	$(HELM) uninstall agentrun --namespace agentrun-system
+
+.PHONY: docker-build
+docker-build: ## build the operator and runner images (needs a Docker engine)
+	@docker info >/dev/null 2>&1 || { echo "docker-build: no Docker engine here; nothing built"; exit 1; }
+	docker build -t $(IMG_OPERATOR) -f Dockerfile .
+	docker build -t $(IMG_RUNNER) -f runner-image/Dockerfile .
+
+.PHONY: test-e2e
+test-e2e: ## kind-based end-to-end test (skips where Docker is absent)
+	@bash devtools/e2e-kind.sh
+
+.PHONY: bench
+bench: venv controlplane ## benchmarks: the ledger's cost per tool call; eviction latency beside the Job controller
+	$(PY) bench/ledger.py
+	$(PY) bench/eviction.py --trials $(or $(TRIALS),30)

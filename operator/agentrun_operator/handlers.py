@@ -21,7 +21,7 @@ from agentrun.vocabulary import (
     VERSION,
     Phase,
 )
-from agentrun_operator import lifecycle, replay
+from agentrun_operator import lifecycle, metrics, replay
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.kube import Kube
 from agentrun_operator.lifecycle import Context
@@ -56,6 +56,7 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
         settings.watching.server_timeout = 300
         settings.posting.level = logging.INFO
         await store.migrate(config.database_url)
+        metrics.serve(config.metrics_port)
         memo.ctx = Context(config=config, engine=store.make_engine(config.database_url),
                            kube=Kube())
         log.info("event=started store=%s namespaces=%s", store.redact(config.database_url),

@@ -29,6 +29,7 @@ from agentrun.vocabulary import (
     Reason,
     RunStatus,
 )
+from agentrun_operator import metrics
 from agentrun_operator import status as st
 from agentrun_operator.classify import Outcome, classify
 from agentrun_operator.config import OperatorConfig
@@ -286,6 +287,9 @@ async def _show_settled(
     await ctx.kube.patch_run_status(meta["namespace"], meta["name"], patch)
     _log(run, "settled", attempt=attempt, phase=outcome.phase, reason=outcome.reason,
          tools=tools)
+    metrics.RUNS_SETTLED.labels(outcome.phase, outcome.reason).inc()
+    if tools is None:
+        metrics.TOOLS_UNKNOWN.inc()
     told = "unknown (the run store could not be read)" if tools is None else (
         ", ".join(tools) or "none")
     _event(run, outcome.reason, f"{outcome.message} Tools executed: {told}.",
@@ -316,6 +320,7 @@ async def _retry(ctx: Context, run: Mapping[str, Any], attempt: int, outcome: Ou
         Phase.PENDING, Reason.RETRYING, message, now(), status, attempts=following))
     _event(run, Reason.RETRYING, message, warning=True)
     _log(run, "retry", attempt=following, after=outcome.reason)
+    metrics.ATTEMPTS_RETRIED.labels(outcome.reason).inc()
     fresh = {**run, "status": {**status, "attempts": following}}
     await start_attempt(ctx, fresh, following, status.get("inputDigest") or "")
 

@@ -92,8 +92,8 @@ def runner_pod(
         "automountServiceAccountToken": False,
         "securityContext": {
             "runAsNonRoot": True,
-            "runAsUser": 65532,
-            "runAsGroup": 65532,
+            "runAsUser": 10001,  # the runner image's user
+            "runAsGroup": 10001,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container],
