@@ -40,6 +40,7 @@ from agentrun.vocabulary import (
     REPLAY_PLURAL,
     RUN_PLURAL,
     VERSION,
+    Phase,
     ReplayPhase,
 )
 
@@ -219,7 +220,10 @@ def tools(cluster: Cluster, run: str, database_url: str) -> int:
     _check_store(database_url)
     entries = asyncio.run(_ledger(database_url, found["metadata"]["uid"]))
     told = status.get("toolsExecuted")
-    summary = ("unknown" if told is None else ", ".join(told) or "none")
+    if status.get("phase") in Phase.TERMINAL:
+        summary = "unknown" if told is None else ", ".join(told) or "none"
+    else:
+        summary = "not settled yet (the ledger below is what was called so far)"
     print(f"AgentRun {run}: {status.get('phase', 'Pending')}"
           + (f" ({status['reason']})" if status.get("reason") else "")
           + f", attempts {status.get('attempts', 0)}, toolsExecuted: {summary}")

@@ -65,6 +65,8 @@ class _Paths:
         self.log = state / "cluster.log"
         self.pods = state / "pods"
         self.store = state / "agentrun.db"
+        self.operator_pid = state / "operator.pid"
+        self.operator_log = state / "operator.log"
 
 
 def _running(paths: _Paths) -> int | None:
@@ -142,7 +144,26 @@ def up(paths: _Paths) -> int:
     return 0
 
 
+def _stop_operator(paths: _Paths) -> None:
+    """The operator the demo started in the background (pid in <state>/operator.pid)."""
+    try:
+        pid = int(paths.operator_pid.read_text())
+    except (OSError, ValueError):
+        return
+    if pids_alive([pid]):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        try:
+            wait_for(lambda: not pids_alive([pid]), timeout=20, what="operator shutdown")
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    paths.operator_pid.unlink(missing_ok=True)
+    paths.operator_log.unlink(missing_ok=True)
+
+
 def down(paths: _Paths) -> int:
+    _stop_operator(paths)
     pid = _running(paths)
     if pid:
         with contextlib.suppress(ProcessLookupError):

@@ -1,0 +1,349 @@
+"""`make demo`: the replay story, told in the terminal with real objects.
+
+    python -m agentrun_devtools.demo [--state .local]
+
+Starts the development cluster if it is not up (control plane + development node, state in
+--state), installs the CRDs and admission policies (`make install`), starts the operator in
+the background (log: <state>/operator.log, pid: <state>/operator.pid; embedded SQLite store
+<state>/agentrun.db), then tells two stories in namespace `demo`:
+
+1. a support agent sends an email and its pod is evicted while the email tool has not
+   answered yet: Failed, toolsExecuted [send_email]; a replay is refused and says why; a
+   user without the right to force is denied by the API server; an admin forces; the
+   replay runs, and the customer gets a second email (the outbox shows both);
+2. a run is evicted while its model still thinks, before any tool: its replay is approved
+   at once.
+
+It leaves everything running and prints the commands to look around; `make
+dev-cluster-down` (cluster.py `down --state`) stops the operator and the cluster.
+Nothing outside --state is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentrun import store
+from agentrun.vocabulary import (
+    ANNOTATION_FORCE_REPLAY,
+    API_VERSION,
+    ENV_DATABASE_URL,
+    ENV_SCRIPT,
+    FORCER_CLUSTER_ROLE,
+    REPLAY_KIND,
+    RUN_KIND,
+    SCRIPTED_MODEL,
+    Phase,
+    ReplayPhase,
+)
+from agentrun_devtools import cluster
+from agentrun_devtools.controlplane import REPO
+from agentrun_devtools.processes import pids_alive, wait_for
+
+NAMESPACE = "demo"
+USER = "sam"  # may create and edit replays, may not force
+VENV_BIN = Path(sys.executable).parent
+CUSTOMER = "customer-42@example.com"
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def heading(text: str) -> None:
+    say()
+    say(f"== {text} ==")
+
+
+class Demo:
+    def __init__(self, state: Path) -> None:
+        self.paths = cluster._Paths(state)
+        self.state = state
+        self.store_url = f"sqlite:///{state / 'agentrun.db'}"
+        self.kubectl_bin = state / "bin" / "kubectl"
+        self.env = {
+            **os.environ,
+            "KUBECONFIG": str(self.paths.kubeconfig),
+            "PATH": os.pathsep.join([str(state / "bin"), str(VENV_BIN),
+                                     os.environ.get("PATH", "")]),
+            ENV_DATABASE_URL: self.store_url,
+        }
+
+    # -- running commands, shown as the user would type them ------------------------------
+
+    def kubectl(self, *args: str, input: str | None = None, as_user: str | None = None,
+                show: bool = True, check: bool = True) -> subprocess.CompletedProcess[str]:
+        argv = [*(["--as", as_user] if as_user else []), *args]
+        if show:
+            say(f"$ kubectl {shlex.join(argv)}" + (" <<EOF" if input else ""))
+            if input:
+                for line in input.rstrip().splitlines():
+                    say(f"  {line}")
+                say("  EOF")
+        done = subprocess.run([str(self.kubectl_bin), *argv], input=input, env=self.env,
+                              capture_output=True, text=True, timeout=120)
+        if show:
+            for line in (done.stdout + done.stderr).rstrip().splitlines():
+                say(f"  {line}")
+        if check and done.returncode != 0:
+            raise RuntimeError(f"kubectl {shlex.join(argv)} failed: {done.stderr}")
+        return done
+
+    def get(self, kind: str, name: str) -> dict[str, Any]:
+        done = self.kubectl("get", kind, name, "-n", NAMESPACE, "-o", "json", show=False)
+        found: dict[str, Any] = json.loads(done.stdout)
+        return found
+
+    def wait(self, what: str, check: Callable[[], bool], timeout: float = 120) -> None:
+        wait_for(check, timeout=timeout, what=what, interval=0.2)
+
+    def wait_status(self, kind: str, name: str, phases: tuple[str, ...],
+                    timeout: float = 120) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+
+        def reached() -> bool:
+            nonlocal found
+            found = self.get(kind, name)
+            return (found.get("status") or {}).get("phase") in phases
+
+        self.wait(f"{kind} {name} {'/'.join(phases)}", reached, timeout)
+        return found
+
+    def query(self, fn: Callable[[Any], Any]) -> Any:
+        async def go() -> Any:
+            engine = store.make_engine(self.store_url, pool_size=1, max_overflow=0)
+            try:
+                return await fn(engine)
+            finally:
+                await engine.dispose()
+
+        return asyncio.run(go())
+
+    def emails(self, run_name: str) -> list[Any]:
+        return [r for r in self.query(lambda e: store.outbox(e, run_name))
+                if r.tool == "send_email"]
+
+    # -- setting up -------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        heading("Setting up: development cluster, CRDs and policies, operator")
+        if cluster.up(self.paths) != 0:
+            raise RuntimeError("the development cluster did not start")
+        say("$ make install")
+        done = subprocess.run(["make", "--no-print-directory", "-C", str(REPO), "install",
+                               f"KUBECTL={self.kubectl_bin}"], env=self.env,
+                              capture_output=True, text=True, timeout=180)
+        for line in (done.stdout + done.stderr).rstrip().splitlines():
+            say(f"  {line}")
+        if done.returncode != 0:
+            raise RuntimeError("make install failed")
+        self.start_operator()
+        self.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--timeout=120s",
+                     show=False)
+        self.kubectl("create", "namespace", NAMESPACE)
+        self.kubectl("create", "rolebinding", "demo-editors", "-n", NAMESPACE,
+                     "--clusterrole=agentrun-edit", f"--user={USER}")
+        say(f"  ({USER} may create, edit and annotate AgentRuns and AgentRunReplays here, "
+            f"but is not bound to {FORCER_CLUSTER_ROLE})")
+        self.wait_for_policy()
+
+    def start_operator(self) -> None:
+        pid_file = self.state / "operator.pid"
+        log = self.state / "operator.log"
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pid_file.read_text())
+            if pids_alive([pid]):
+                say(f"operator already running (pid {pid}, log {log})")
+                return
+        env = {**self.env, "KUBECONFIG": str(self.paths.operator_kubeconfig)}
+        with open(log, "w") as out:
+            process = subprocess.Popen(
+                [str(VENV_BIN / "agentrun-operator")], stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        pid_file.write_text(str(process.pid))
+
+        def started() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"the operator exited; see {log}:\n{log.read_text()[-3000:]}")
+            return "event=started" in log.read_text(errors="replace")
+
+        self.wait("operator", started, timeout=60)
+        say(f"operator started in the background (pid {process.pid}, log {log}, "
+            f"store {self.store_url})")
+
+    def wait_for_policy(self) -> None:
+        """A new admission policy is enforced a few seconds after it is created; until then
+        it would let anyone force. Ask the API server (a dry run) until it refuses."""
+        probe = json.dumps(replay_manifest("policy-probe", "nothing", force=True))
+
+        def enforced() -> bool:
+            done = self.kubectl("create", "--dry-run=server", "-n", NAMESPACE, "-f", "-",
+                                input=probe, as_user=USER, show=False, check=False)
+            return done.returncode != 0 and "agentrun-force-replay" in done.stderr
+
+        self.wait("the force-replay admission policy", enforced, timeout=120)
+        say("the force-replay admission policy is in force")
+
+    # -- the stories ------------------------------------------------------------------------
+
+    def story_email(self) -> None:
+        heading("1. A support agent emails a customer; its pod is evicted mid-tool")
+        say("The scripted model calls send_email; the tool records the email, then takes 20 s "
+            "to answer.")
+        email = {"to": CUSTOMER, "body": "Your refund is on its way.", "delay_seconds": 20}
+        script: list[dict[str, Any]] = [{"call": "send_email", "args": email},
+                                        {"text": "Told the customer about the refund."}]
+        self.kubectl("apply", "-n", NAMESPACE, "-f", "-",
+                     input=json.dumps(run_manifest("refund-42", script), indent=1))
+        run = self.wait_status("agentrun", "refund-42", (Phase.RUNNING,))
+        uid = run["metadata"]["uid"]
+        self.wait("send_email in the ledger", lambda: any(
+            e.tool == "send_email" for e in self.query(lambda en: store.ledger(en, uid))))
+        say("The runner wrote send_email to its ledger before calling it:")
+        self.kubectl("agentrun", "tools", "refund-42", "-n", NAMESPACE)
+        say("Now someone drains the node (the Eviction API):")
+        self.evict("refund-42-1")
+        self.wait_status("agentrun", "refund-42", (Phase.FAILED, Phase.SUCCEEDED))
+        self.kubectl("get", "agentrun", "refund-42", "-n", NAMESPACE, "-o", "wide")
+        self.kubectl("get", "agentrun", "refund-42", "-n", NAMESPACE, "-o",
+                     "jsonpath={.status.toolsExecuted}")
+        say(f"Emails in the outbox so far: {len(self.emails('refund-42'))}")
+
+        heading("2. Ask to replay it: refused")
+        self.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps(replay_manifest(
+            "refund-42-again", "refund-42", note="customer says no email arrived"), indent=1))
+        self.wait_status("agentrunreplay", "refund-42-again",
+                         (ReplayPhase.REFUSED, ReplayPhase.APPROVED))
+        self.kubectl("get", "agentrunreplay", "refund-42-again", "-n", NAMESPACE)
+        self.kubectl("get", "agentrunreplay", "refund-42-again", "-n", NAMESPACE, "-o",
+                     "jsonpath={.status.message}")
+
+        heading(f"3. {USER}, who may edit replays but not force them, tries to force it")
+        denied = self.kubectl("annotate", "agentrunreplay", "refund-42-again", "-n", NAMESPACE,
+                              f"{ANNOTATION_FORCE_REPLAY}=true", as_user=USER, check=False)
+        if denied.returncode == 0:
+            raise RuntimeError("the API server let an unprivileged user force a replay")
+        say("The API server refused: the admission policy asked the authorizer whether "
+            f"{USER} may 'force' agentrunreplays here.")
+
+        heading("4. An admin (allowed verb 'force') forces it")
+        self.kubectl("annotate", "agentrunreplay", "refund-42-again", "-n", NAMESPACE,
+                     f"{ANNOTATION_FORCE_REPLAY}=true")
+        replay = self.wait_status("agentrunreplay", "refund-42-again", (ReplayPhase.APPROVED,))
+        self.kubectl("get", "agentrunreplay", "refund-42-again", "-n", NAMESPACE)
+        self.kubectl("agentrun", "why", "refund-42-again", "-n", NAMESPACE, check=False)
+        again = replay["status"]["replayRunName"]
+        say(f"The replay run {again} runs the agent again on the same input snapshot, in a "
+            "fresh session (about 20 s)...")
+        self.wait_status("agentrun", again, (Phase.SUCCEEDED, Phase.FAILED), timeout=180)
+        self.kubectl("get", "agentruns", "-n", NAMESPACE, "-o", "wide")
+        total = len(self.emails("refund-42")) + len(self.emails(again))
+        say(f"Emails sent to {CUSTOMER}: {total} (one by refund-42, one by its forced replay "
+            f"{again}): that is what force means.")
+
+    def story_no_tool(self) -> None:
+        heading("5. A run evicted before calling any tool: its replay is approved at once")
+        script: list[dict[str, Any]] = [{"sleep": 30}, {"call": "read_message", "args": {}},
+                  {"text": "Looked up order 7."}]
+        self.kubectl("apply", "-n", NAMESPACE, "-f", "-",
+                     input=json.dumps(run_manifest("lookup-7", script), indent=1))
+        self.wait_status("agentrun", "lookup-7", (Phase.RUNNING,))
+        self.wait("pod lookup-7-1 running", lambda: self.get("pod", "lookup-7-1").get(
+            "status", {}).get("phase") == "Running")
+        say("The model is still thinking (30 s) when the pod is evicted:")
+        self.evict("lookup-7-1")
+        self.wait_status("agentrun", "lookup-7", (Phase.FAILED, Phase.SUCCEEDED))
+        self.kubectl("get", "agentrun", "lookup-7", "-n", NAMESPACE, "-o", "wide")
+        self.kubectl("apply", "-n", NAMESPACE, "-f", "-",
+                     input=json.dumps(replay_manifest("lookup-7-again", "lookup-7"), indent=1))
+        self.wait_status("agentrunreplay", "lookup-7-again",
+                         (ReplayPhase.APPROVED, ReplayPhase.REFUSED))
+        self.kubectl("get", "agentrunreplay", "lookup-7-again", "-n", NAMESPACE)
+        self.kubectl("get", "agentrunreplay", "lookup-7-again", "-n", NAMESPACE, "-o",
+                     "jsonpath={.status.message}")
+        self.kubectl("get", "agentruns", "-n", NAMESPACE, "-l",
+                     "agentrun.dev/replay-of=lookup-7")
+
+    def evict(self, pod: str) -> None:
+        body = json.dumps({"apiVersion": "policy/v1", "kind": "Eviction",
+                           "metadata": {"name": pod, "namespace": NAMESPACE}})
+        self.kubectl("create", "--raw",
+                     f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}/eviction", "-f", "-",
+                     input=body)
+
+    def look_around(self) -> None:
+        heading("Look around (the cluster keeps running)")
+        default = self.state == cluster.DEFAULT_STATE.resolve()
+        for line in [
+            f"export KUBECONFIG={self.paths.kubeconfig}",
+            f"export PATH={self.state / 'bin'}:{VENV_BIN}:$PATH",
+            f"export DATABASE_URL={self.store_url}",
+            f"kubectl get agentruns,agentrunreplays -n {NAMESPACE} -o wide",
+            f"kubectl describe agentrunreplay refund-42-again -n {NAMESPACE}",
+            f"kubectl describe agentrun refund-42 -n {NAMESPACE}",
+            f"kubectl agentrun tools refund-42 -n {NAMESPACE}",
+            f"kubectl agentrun why lookup-7-again -n {NAMESPACE}",
+            f"kubectl agentrun replay lookup-7 -n {NAMESPACE}     # a second replay: "
+            "AlreadyReplayed",
+            f"kubectl get events -n {NAMESPACE} --sort-by=.lastTimestamp",
+            f"tail -f {self.state / 'operator.log'}",
+            "make dev-cluster-down" if default else
+            f"PYTHONPATH={REPO / 'devtools'} {sys.executable} -m agentrun_devtools.cluster "
+            f"down --state {self.state}",
+        ]:
+            say(f"  {line}")
+
+
+def run_manifest(name: str, script: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": RUN_KIND, "metadata": {"name": name},
+            "spec": {"agent": "support-agent", "userId": "customer-42", "model": SCRIPTED_MODEL,
+                     "input": {"text": "Customer 42 asks for a refund of order 42."},
+                     "env": [{"name": ENV_SCRIPT, "value": json.dumps(script)}]}}
+
+
+def replay_manifest(name: str, run_name: str, *, force: bool = False,
+                    note: str | None = None) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name}
+    if force:
+        metadata["annotations"] = {ANNOTATION_FORCE_REPLAY: "true"}
+    spec: dict[str, Any] = {"runName": run_name}
+    if note:
+        spec["note"] = note
+    return {"apiVersion": API_VERSION, "kind": REPLAY_KIND, "metadata": metadata, "spec": spec}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="the agentrun replay demo")
+    parser.add_argument("--state", type=Path, default=cluster.DEFAULT_STATE,
+                        help="the development cluster's state directory (default: .local)")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    demo = Demo(args.state.resolve())
+    began = time.monotonic()
+    try:
+        demo.setup()
+        demo.story_email()
+        demo.story_no_tool()
+    except (RuntimeError, TimeoutError) as e:
+        say(f"\ndemo failed: {e}")
+        say(f"operator log: {demo.state / 'operator.log'}")
+        return 1
+    demo.look_around()
+    say(f"\ndemo finished in {time.monotonic() - began:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""`make demo`'s script, run the way the Makefile runs it, against a throwaway state
+directory (its own development cluster, operator and SQLite store; the repository's
+.local is never touched), then stopped with the development cluster's `down`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from agentrun_devtools.controlplane import REPO
+from agentrun_devtools.processes import pids_alive, wait_for
+
+
+def devtools(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "devtools")}
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_demo_tells_the_story_and_leaves_the_cluster_up(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    local = REPO / ".local"
+    before = sorted(p.name for p in local.iterdir()) if local.exists() else None
+    pid = 0
+    try:
+        done = devtools("agentrun_devtools.demo", "--state", str(state), timeout=600)
+        out = done.stdout
+        assert done.returncode == 0, out[-6000:] + done.stderr[-3000:]
+
+        # 1. the run, the eviction after send_email
+        assert "$ kubectl create --raw /api/v1/namespaces/demo/pods/refund-42-1/eviction" in out
+        assert "1        1  send_email" in out and "no (called, never answered)" in out
+        assert "refund-42   support-agent   Failed   Evicted   [\"send_email\"]" in out
+        # 2. the refusal, with its message
+        assert "refund-42-again   refund-42   Refused   ToolsExecuted" in out
+        assert ("AgentRun refund-42 already called send_email before failing: a replay would "
+                "call them again. Annotate agentrun.dev/force-replay=true to run it again "
+                "anyway.") in out
+        # 3. the unprivileged user, denied by the API server
+        assert "$ kubectl --as sam annotate agentrunreplay refund-42-again" in out
+        assert ("denied request: Only principals allowed verb 'force' on agentrunreplays may "
+                "set agentrun.dev/force-replay") in out
+        assert "(sam may not add it in namespace demo)" in out
+        # 4. the admin forces; the replay runs and emails the customer again
+        assert "Approved (Forced)" in out
+        assert "Emails sent to customer-42@example.com: 2" in out
+        # 5. evicted before any tool: approved at once
+        assert "lookup-7   support-agent   Failed   Evicted   []" in out
+        assert "lookup-7-again   lookup-7   Approved   NoToolsExecuted" in out
+        # the way to look around, and the cluster still up
+        assert f"export KUBECONFIG={state / 'kubeconfig'}" in out
+        assert "kubectl agentrun why lookup-7-again -n demo" in out
+        assert "kubectl describe agentrunreplay refund-42-again -n demo" in out
+        pid = int((state / "operator.pid").read_text())
+        assert pids_alive([pid]), "the demo's operator should keep running"
+        status = devtools("agentrun_devtools.cluster", "status", "--state", str(state),
+                          timeout=60)
+        assert status.stdout.strip() == "running"
+    finally:
+        down = devtools("agentrun_devtools.cluster", "down", "--state", str(state), timeout=180)
+    assert down.returncode == 0, down.stdout + down.stderr
+    if pid:
+        wait_for(lambda: not pids_alive([pid]), timeout=30, what="the demo's operator stopped")
+    assert not (state / "operator.pid").exists()
+    assert not (state / "kubeconfig").exists()
+    assert not (state / "agentrun.db").exists()
+    after = sorted(p.name for p in local.iterdir()) if local.exists() else None
+    assert after == before, "the demo touched the repository's .local"
