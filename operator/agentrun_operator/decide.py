@@ -98,8 +98,9 @@ def match_side_effects(run_name: str, original: Original) -> Decision | None:
                         " is unknown (the run store could not be read): a replay might call "
                         f"them again. {FORCE_HINT}")
     if original.tools_executed:
+        # api.md's model sentence, word for word (the run is named by spec.runName).
         return Decision(ReplayPhase.REFUSED, ReplayReason.TOOLS_EXECUTED,
-                        f"AgentRun {run_name} already called {_tools(original.tools_executed)}"
+                        f"This run already called {_tools(original.tools_executed)}"
                         f" before {_ended(original)}: a replay would call them again. "
                         f"{FORCE_HINT}")
     return None

@@ -162,7 +162,7 @@ def test_tools_executed_are_refused_naming_them(system: System, namespace: str) 
     create_replay(system, namespace, "mailed-again", "mailed")
     replay = wait_decided(system, namespace, "mailed-again")
     assert_refused(replay, ReplayReason.TOOLS_EXECUTED,
-                   "AgentRun mailed already called send_email before failing: a replay "
+                   "This run already called send_email before failing: a replay "
                    "would call them again.", FORCE_HINT)
     assert replay["status"]["toolsExecuted"] == ["send_email"]
     assert replay_runs(system, namespace, "mailed") == []

@@ -35,7 +35,7 @@ def test_demo_tells_the_story_and_leaves_the_cluster_up(tmp_path: Path) -> None:
         assert "refund-42   support-agent   Failed   Evicted   [\"send_email\"]" in out
         # 2. the refusal, with its message
         assert "refund-42-again   refund-42   Refused   ToolsExecuted" in out
-        assert ("AgentRun refund-42 already called send_email before failing: a replay would "
+        assert ("This run already called send_email before failing: a replay would "
                 "call them again. Annotate agentrun.dev/force-replay=true to run it again "
                 "anyway.") in out
         # 3. the unprivileged user, denied by the API server

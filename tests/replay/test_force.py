@@ -75,8 +75,8 @@ def test_only_a_forcer_can_force_and_force_sends_the_email_again(
     status = replay["status"]
     assert status["reason"] == ReplayReason.FORCED
     assert status["message"].startswith(
-        f"Forced with {ANNOTATION_FORCE_REPLAY}=true over ToolsExecuted: AgentRun refund "
-        "already called send_email")
+        f"Forced with {ANNOTATION_FORCE_REPLAY}=true over ToolsExecuted: This run already "
+        "called send_email")
     assert status["toolsExecuted"] == ["send_email"]
     approval = condition(replay, Condition.APPROVED)
     assert (approval["status"], approval["reason"]) == ("True", ReplayReason.FORCED)

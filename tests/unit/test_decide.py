@@ -56,8 +56,8 @@ TABLE = [
         ReplayReason.TOOL_STATE_UNKNOWN, ("before being cancelled is unknown", FORCE), True),
     Row("Failed, toolsExecuted non-empty", run(Phase.FAILED, ["send_email", "update_crm"]),
         None, ReplayPhase.REFUSED, ReplayReason.TOOLS_EXECUTED,
-        ("already called send_email, update_crm before failing: a replay would call them "
-         f"again. {FORCE}",), True),
+        ("This run already called send_email, update_crm before failing: a replay would call "
+         f"them again. {FORCE}",), True),
     Row("Cancelled, toolsExecuted non-empty", run(Phase.CANCELLED, ["send_email"]), None,
         ReplayPhase.REFUSED, ReplayReason.TOOLS_EXECUTED,
         ("already called send_email before being cancelled", FORCE), True),
@@ -102,8 +102,8 @@ def test_forced_replay_of_a_run_that_sent_an_email_names_it() -> None:
     decision = decide("evict-1", run(Phase.FAILED, ["send_email"]), already_replayed_by=None,
                       forced=True)
     assert decision.message == (
-        f"Forced with {ANNOTATION_FORCE_REPLAY}=true over ToolsExecuted: AgentRun evict-1 "
-        "already called send_email before failing: a replay would call them again.")
+        f"Forced with {ANNOTATION_FORCE_REPLAY}=true over ToolsExecuted: This run already "
+        "called send_email before failing: a replay would call them again.")
 
 
 def test_first_match_wins() -> None:
