@@ -203,3 +203,31 @@ def wait_node_healthy(system: System) -> None:
         return ready[0]["status"] == "True" and not node["spec"].get("taints")
 
     wait_for(healthy, timeout=120, what="dev-node Ready without taints")
+
+
+def test_deadline_exceeded(system: System, namespace: str) -> None:
+    manifest = agent_run("slow", [{"sleep": 120}], activeDeadlineSeconds=4,
+                         retry={"maxAttempts": 3})
+    system.apply(in_namespace(manifest, namespace))
+    run = system.wait_phase(namespace, "slow", Phase.FAILED, Phase.SUCCEEDED)
+    assert run["status"]["reason"] == Reason.DEADLINE_EXCEEDED
+    assert "spec.activeDeadlineSeconds" in run["status"]["message"]
+    # A spent deadline is not retried, even with attempts left and no tool called.
+    assert run["status"]["attempts"] == 1
+    assert run["status"]["toolsExecuted"] == []
+
+
+def test_events_tell_the_story(system: System, namespace: str) -> None:
+    system.apply(in_namespace(agent_run("told", HAPPY), namespace))
+    system.wait_phase(namespace, "told", Phase.SUCCEEDED, Phase.FAILED)
+
+    def reasons() -> list[str]:
+        done = system.kubectl("get", "events", "-n", namespace, "--field-selector",
+                              "involvedObject.name=told", "-o",
+                              "jsonpath={range .items[*]}{.reason}{'\\n'}{end}")
+        return done.stdout.split()
+
+    wait_for(lambda: {"Created", "PodCreated", "Succeeded"} <= set(reasons()), timeout=30,
+             what="events on the AgentRun")
+    described = system.kubectl("describe", "agentrun", "told", "-n", namespace).stdout
+    assert "Tools executed: read_message, send_email, update_crm." in described
