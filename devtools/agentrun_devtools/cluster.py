@@ -30,6 +30,26 @@ from agentrun_devtools.processes import Child, ProcessDied, pids_alive, wait_for
 DEFAULT_STATE = REPO / ".local"
 
 
+def devtools_env() -> dict[str, str]:
+    """This environment, with the development tooling importable (it is not installed)."""
+    path = os.pathsep.join(
+        p for p in (str(REPO / "devtools"), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def stop_pid(pid: int, *, timeout: float, what: str, group: bool = False) -> None:
+    """SIGTERM, then SIGKILL (the process group with `group`) if it outlives `timeout`."""
+    if not pids_alive([pid]):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    try:
+        wait_for(lambda: not pids_alive([pid]), timeout=timeout, what=what)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            (os.killpg if group else os.kill)(pid, signal.SIGKILL)
+
+
 def start_dev_node(plane: ControlPlane, work_dir: Path) -> Child:
     """Starts the development node against `plane` and waits until the node is Ready."""
     node = Child(
@@ -37,8 +57,7 @@ def start_dev_node(plane: ControlPlane, work_dir: Path) -> Child:
         [sys.executable, "-m", "agentrun_devtools.devnode",
          f"--kubeconfig={plane.kubeconfig}", f"--work-dir={work_dir}"],
         work_dir / "devnode.log",
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(
-            p for p in (str(REPO / "devtools"), os.environ.get("PYTHONPATH", "")) if p)},
+        env=devtools_env(),
     )
 
     def ready() -> bool:
@@ -125,8 +144,7 @@ def up(paths: _Paths) -> int:
             [sys.executable, "-m", "agentrun_devtools.cluster", "serve",
              f"--state={paths.state}", f"--bin-dir={bin_dir}"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                p for p in (str(REPO / "devtools"), os.environ.get("PYTHONPATH", "")) if p)},
+            start_new_session=True, env=devtools_env(),
         )
     paths.pid.write_text(str(supervisor.pid))
 
@@ -150,14 +168,7 @@ def _stop_operator(paths: _Paths) -> None:
         pid = int(paths.operator_pid.read_text())
     except (OSError, ValueError):
         return
-    if pids_alive([pid]):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        try:
-            wait_for(lambda: not pids_alive([pid]), timeout=20, what="operator shutdown")
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    stop_pid(pid, timeout=20, what="operator shutdown")
     paths.operator_pid.unlink(missing_ok=True)
     paths.operator_log.unlink(missing_ok=True)
 
@@ -166,13 +177,7 @@ def down(paths: _Paths) -> int:
     _stop_operator(paths)
     pid = _running(paths)
     if pid:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        try:
-            wait_for(lambda: not pids_alive([pid]), timeout=60, what="cluster shutdown")
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+        stop_pid(pid, timeout=60, what="cluster shutdown", group=True)
     for path in (paths.cluster, paths.pods, paths.bin):
         shutil.rmtree(path, ignore_errors=True)
     for path in (paths.kubeconfig, paths.operator_kubeconfig, paths.pid, paths.ready, paths.store,

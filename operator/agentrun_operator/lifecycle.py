@@ -353,7 +353,13 @@ async def check(ctx: Context, run: Mapping[str, Any]) -> None:
             await finish_attempt(ctx, run, attempt, Outcome(
                 Phase.FAILED, Reason.STALE, st.stale_message(ctx.config.stale_after)))
             return
-    pod = await ctx.kube.read_pod(meta["namespace"], status["podName"])
+    expected = pod_name(meta["name"], attempt)
+    pod = await ctx.kube.read_pod(meta["namespace"], expected)
+    if pod is None and status["podName"] != expected:
+        # The operator stopped between starting attempt n and creating its pod (the status
+        # still names attempt n-1's pod): create it now. Idempotent.
+        await start_attempt(ctx, run, attempt, status.get("inputDigest") or "")
+        return
     if pod is None:
         await finish_attempt(ctx, run, attempt, await _lost_pod_outcome(ctx, run, attempt))
         return
