@@ -112,7 +112,10 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
         await replay.reconcile(memo.ctx, body)
 
     @kopf.on.resume(GROUP, VERSION, REPLAY_PLURAL, registry=registry)
-    async def replay_resumed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await replay.reconcile(memo.ctx, body)
+    async def replay_resumed(body: kopf.Body, status: kopf.Status, memo: kopf.Memo,
+                             **_: Any) -> None:
+        # Only undecided ones: a force added while we were down comes as an update.
+        if not status.get("phase"):
+            await replay.reconcile(memo.ctx, body)
 
     return registry
