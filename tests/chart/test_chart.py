@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-
 from agentrun_devtools.controlplane import REPO, ControlPlane
 
 CHART = REPO / "charts" / "agentrun"
