@@ -10,26 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import store
 from agentrun.vocabulary import (
     ANNOTATION_INPUT_DIGEST,
-    API_VERSION,
     LABEL_ATTEMPT,
     LABEL_RUN,
-    RUN_KIND,
     Phase,
     Reason,
     RunStatus,
 )
-from agentrun_operator import metrics
+from agentrun_operator import events, metrics
 from agentrun_operator import status as st
 from agentrun_operator.classify import Outcome, classify
 from agentrun_operator.config import OperatorConfig
@@ -51,22 +51,17 @@ class Context:
     kube: Kube
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     node_checks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    # One decision at a time per run (by uid): the pod watch, the safety-net timer and a
+    # node re-check may all see the same end at once, and the loser must see the winner's
+    # result (a retry already started), not act on the run it read before.
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    def lock(self, uid: str) -> asyncio.Lock:
+        return self.locks.setdefault(uid, asyncio.Lock())
 
 
 def now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
-
-
-def _ref(run: Mapping[str, Any]) -> kopf.Body:
-    """What kopf needs to post an Event on the run."""
-    meta = run["metadata"]
-    return kopf.Body({"apiVersion": API_VERSION, "kind": RUN_KIND,
-            "metadata": {"name": meta["name"], "namespace": meta["namespace"],
-                         "uid": meta["uid"]}})
-
-
-def _event(run: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
-    (kopf.warn if warning else kopf.info)(_ref(run), reason=reason, message=message)
 
 
 def _log(run: Mapping[str, Any], event: str, **fields: Any) -> None:
@@ -96,7 +91,7 @@ async def launch(ctx: Context, run: Mapping[str, Any]) -> None:
             Phase.PENDING, Reason.CREATED, "The input was snapshotted and the run recorded.",
             now(), status, inputDigest=digest, attempts=1,
             observedGeneration=meta.get("generation")))
-        _event(run, Reason.CREATED, f"Input snapshotted as {digest}; run recorded.")
+        events.post(run, Reason.CREATED, f"Input snapshotted as {digest}; run recorded.")
     await start_attempt(ctx, run, int(status.get("attempts") or 1), digest)
 
 
@@ -148,12 +143,29 @@ async def start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int, dige
     if not spec.get("serviceAccountName"):
         await ctx.kube.ensure_service_account(meta["namespace"],
                                               ctx.config.runner_service_account)
-    created = await ctx.kube.create_pod(runner_pod(run, attempt, session, digest, ctx.config))
+    # podName is written before the pod is created: if the operator stops in between, the
+    # safety net finds the named pod missing (PodLost, nothing ran) instead of creating
+    # the same attempt's pod a second time later.
     await ctx.kube.patch_run_status(meta["namespace"], meta["name"], {
         "podName": name, "sessionId": session, "attempts": attempt, "inputDigest": digest})
+    try:
+        created = await ctx.kube.create_pod(
+            runner_pod(run, attempt, session, digest, ctx.config))
+    except ApiException as e:
+        events.post(run, "PodCreateFailed", f"Runner pod {name} could not be created: "
+               f"{_api_message(e)}. Retrying; the run fails Stale if it never starts.",
+               warning=True)
+        raise
+    if not created:
+        existing = await ctx.kube.read_pod(meta["namespace"], name)
+        if existing is not None and not _owns(run, existing):
+            # A pod of an earlier AgentRun of the same name (deleted and applied again) is
+            # still terminating: wait for it rather than follow it.
+            raise kopf.TemporaryError(f"pod {name} still belongs to an earlier AgentRun "
+                                      "of this name; waiting for it to go", delay=2)
     if created:
         _log(run, "pod-created", attempt=attempt, pod=name)
-        _event(run, Reason.POD_CREATED, f"Created runner pod {name} (attempt {attempt}).")
+        events.post(run, Reason.POD_CREATED, f"Created runner pod {name} (attempt {attempt}).")
 
 
 # -- following the pod ------------------------------------------------------------------------
@@ -179,14 +191,31 @@ async def observe_pod(ctx: Context, pod: Mapping[str, Any], *, gone: bool = Fals
     status = run.get("status") or {}
     if int(status.get("attempts") or 1) != attempt or status.get("phase") in Phase.TERMINAL:
         return
-    if not outcome.terminal:
-        if status.get("phase") == Phase.PENDING and outcome.phase == Phase.RUNNING:
-            await ctx.kube.patch_run_status(meta["namespace"], run_name, st.live_status(
-                Phase.RUNNING, Reason.STARTED, f"Runner pod {meta['name']} is running.",
-                now(), status, startedAt=status.get("startedAt") or st.stamp(now())))
-            _event(run, Reason.STARTED, f"Runner pod {meta['name']} is running.")
-        return
-    await finish_attempt(ctx, run, attempt, outcome)
+    if outcome.terminal:
+        await finish_attempt(ctx, run, attempt, outcome)
+    elif status.get("phase") == Phase.PENDING and outcome.phase == Phase.RUNNING:
+        await _mark_running(ctx, run, attempt, meta["name"])
+
+
+async def _mark_running(ctx: Context, run: Mapping[str, Any], attempt: int, pod: str) -> None:
+    meta = run["metadata"]
+    async with ctx.lock(meta["uid"]):
+        fresh = await ctx.kube.read_run(meta["namespace"], meta["name"])
+        status = (fresh or {}).get("status") or {}
+        if fresh is None or status.get("phase") != Phase.PENDING or int(
+                status.get("attempts") or 1) != attempt:
+            return  # settled (or retried) meanwhile: Running would overwrite that
+        await ctx.kube.patch_run_status(meta["namespace"], meta["name"], st.live_status(
+            Phase.RUNNING, Reason.STARTED, f"Runner pod {pod} is running.", now(), status,
+            startedAt=status.get("startedAt") or st.stamp(now())))
+    events.post(run, Reason.STARTED, f"Runner pod {pod} is running.")
+
+
+def _api_message(e: ApiException) -> str:
+    try:
+        return str(json.loads(e.body or "{}").get("message") or e.reason)
+    except ValueError:
+        return str(e.reason)
 
 
 def _owns(run: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
@@ -201,15 +230,30 @@ async def finish_attempt(
     """An attempt ended: learn what the runner recorded, settle it (which fences the
     ledger and counts the tools), then either start the next attempt or show the end."""
     meta = run["metadata"]
+    async with ctx.lock(meta["uid"]):
+        fresh = await ctx.kube.read_run(meta["namespace"], meta["name"])
+        if fresh is None or fresh["metadata"]["uid"] != meta["uid"]:
+            return
+        status = fresh.get("status") or {}
+        if int(status.get("attempts") or 1) != attempt or status.get("phase") in Phase.TERMINAL:
+            return  # already decided while we waited
+        await _finish(ctx, fresh, attempt, outcome)
+
+
+async def _finish(ctx: Context, run: Mapping[str, Any], attempt: int, outcome: Outcome) -> None:
+    meta = run["metadata"]
     outcome = await _with_runner_account(ctx, meta["uid"], attempt, outcome)
-    if outcome.reason in (Reason.IMAGE_PULL_FAILED, Reason.DEADLINE_EXCEEDED):
-        await ctx.kube.delete_pod(meta["namespace"], pod_name(meta["name"], attempt))
     won, tools = await _settle_store(ctx, run, attempt, outcome)
+    if outcome.reason in (Reason.IMAGE_PULL_FAILED, Reason.DEADLINE_EXCEEDED, Reason.STALE):
+        # Stopped after settling: the settle fenced the ledger first.
+        await ctx.kube.delete_pod(meta["namespace"], pod_name(meta["name"], attempt))
     if not won:
         # Someone else settled this attempt first; their outcome stands. Show it.
         await _show_store_outcome(ctx, run, attempt)
         return
-    if st.should_retry(run.get("spec") or {}, attempt, outcome.phase, outcome.reason, tools):
+    deleting = meta.get("deletionTimestamp") is not None
+    if not deleting and st.should_retry(run.get("spec") or {}, attempt, outcome.phase,
+                                        outcome.reason, tools):
         await _retry(ctx, run, attempt, outcome)
         return
     await _show_settled(ctx, run, attempt, outcome, tools)
@@ -292,7 +336,7 @@ async def _show_settled(
         metrics.TOOLS_UNKNOWN.inc()
     told = "unknown (the run store could not be read)" if tools is None else (
         ", ".join(tools) or "none")
-    _event(run, outcome.reason, f"{outcome.message} Tools executed: {told}.",
+    events.post(run, outcome.reason, f"{outcome.message} Tools executed: {told}.",
            warning=outcome.phase != Phase.SUCCEEDED)
 
 
@@ -302,7 +346,7 @@ async def _show_store_outcome(ctx: Context, run: Mapping[str, Any], attempt: int
         return
     phase = {v: k for k, v in _STORE_STATUS.items()}[found.status]
     status = run.get("status") or {}
-    if status.get("phase") == phase:
+    if int(status.get("attempts") or 1) != attempt or status.get("phase") not in Phase.LIVE:
         return
     meta = run["metadata"]
     await ctx.kube.patch_run_status(meta["namespace"], meta["name"], st.settled_status(
@@ -318,7 +362,7 @@ async def _retry(ctx: Context, run: Mapping[str, Any], attempt: int, outcome: Ou
     status = run.get("status") or {}
     await ctx.kube.patch_run_status(meta["namespace"], meta["name"], st.live_status(
         Phase.PENDING, Reason.RETRYING, message, now(), status, attempts=following))
-    _event(run, Reason.RETRYING, message, warning=True)
+    events.post(run, Reason.RETRYING, message, warning=True)
     _log(run, "retry", attempt=following, after=outcome.reason)
     metrics.ATTEMPTS_RETRIED.labels(outcome.reason).inc()
     fresh = {**run, "status": {**status, "attempts": following}}
@@ -341,29 +385,34 @@ async def check(ctx: Context, run: Mapping[str, Any]) -> None:
         if "toolsExecuted" in status and status["toolsExecuted"] is None:
             await _fill_unknown_tools(ctx, run)
         return
-    if phase not in Phase.LIVE or not status.get("podName"):
+    if phase not in Phase.LIVE:
         return
     attempt = int(status.get("attempts") or 1)
+    if status.get("podName"):
+        expected = pod_name(meta["name"], attempt)
+        pod = await ctx.kube.read_pod(meta["namespace"], expected)
+        if pod is None and status["podName"] != expected:
+            # The operator stopped between starting attempt n and naming its pod (the
+            # status still names attempt n-1's): create it now. Idempotent.
+            await start_attempt(ctx, run, attempt, status.get("inputDigest") or "")
+            return
+        if pod is None:
+            await finish_attempt(ctx, run, attempt, await _lost_pod_outcome(ctx, run, attempt))
+            return
+        # What the pod says comes first: a run that ended while nobody watched ended so,
+        # even if that was past the stale limit.
+        node = ctx.nodes.get((pod.get("spec") or {}).get("nodeName") or "")
+        said = classify(pod, node, now(), ctx.config.node_lost_grace)
+        await observe_pod(ctx, pod)
+        if said is not None and said.terminal:
+            return
     # A pod that never starts never sets startedAt: count from the run's creation then.
     started = status.get("startedAt") or meta.get("creationTimestamp")
     if started:
         since = datetime.datetime.fromisoformat(started.replace("Z", "+00:00"))
         if now() - since > ctx.config.stale_after:
-            await ctx.kube.delete_pod(meta["namespace"], status["podName"])
             await finish_attempt(ctx, run, attempt, Outcome(
                 Phase.FAILED, Reason.STALE, st.stale_message(ctx.config.stale_after)))
-            return
-    expected = pod_name(meta["name"], attempt)
-    pod = await ctx.kube.read_pod(meta["namespace"], expected)
-    if pod is None and status["podName"] != expected:
-        # The operator stopped between starting attempt n and creating its pod (the status
-        # still names attempt n-1's pod): create it now. Idempotent.
-        await start_attempt(ctx, run, attempt, status.get("inputDigest") or "")
-        return
-    if pod is None:
-        await finish_attempt(ctx, run, attempt, await _lost_pod_outcome(ctx, run, attempt))
-        return
-    await observe_pod(ctx, pod)
 
 
 async def _lost_pod_outcome(ctx: Context, run: Mapping[str, Any], attempt: int) -> Outcome:
@@ -379,7 +428,8 @@ async def _lost_pod_outcome(ctx: Context, run: Mapping[str, Any], attempt: int) 
                    "The runner pod no longer exists and no outcome was recorded.")
 
 
-async def _fill_unknown_tools(ctx: Context, run: Mapping[str, Any]) -> None:
+async def _fill_unknown_tools(ctx: Context, run: Mapping[str, Any]) -> list[str] | None:
+    """Counts the tools of a settled run whose tools were unknown; None if still unknown."""
     meta, status = run["metadata"], run.get("status") or {}
     attempt = int(status.get("attempts") or 1)
     try:
@@ -391,42 +441,60 @@ async def _fill_unknown_tools(ctx: Context, run: Mapping[str, Any]) -> None:
         tools = settled.tools_executed if settled.won else await _tools(
             ctx, meta["uid"], attempt)
         if tools is None:
-            return
+            return None
         await store.set_tools_executed(ctx.engine, meta["uid"], attempt, tools)
     except Exception as e:
         log.warning("event=store-fill-failed run=%s error=%r", meta["name"], e)
-        return
+        return None
     conditions = [c for c in status.get("conditions") or []
                   if c.get("type") != st.Condition.TOOLS_EXECUTED]
     await ctx.kube.patch_run_status(meta["namespace"], meta["name"], {
         "toolsExecuted": tools,
         "conditions": [*conditions, st.tools_condition(tools, now())]})
-    _event(run, "ToolsExecutedKnown",
+    events.post(run, "ToolsExecutedKnown",
            f"The run store is readable again: tools executed: {', '.join(tools) or 'none'}.")
+    return tools
 
 
 # -- cancellation -----------------------------------------------------------------------------
 
 
 async def cancel(ctx: Context, run: Mapping[str, Any]) -> None:
-    """The run is being deleted: stop its pod and record Cancelled (with the tools)."""
-    meta, status = run["metadata"], run.get("status") or {}
-    if status.get("phase") in Phase.TERMINAL:
-        return
-    attempt = int(status.get("attempts") or 1)
-    if status.get("podName"):
-        await ctx.kube.delete_pod(meta["namespace"], status["podName"])
-    outcome = Outcome(Phase.CANCELLED, Reason.CANCELLED,
-                      "The AgentRun was deleted while it was live; its pod was stopped.")
-    won, tools = await _settle_store(ctx, run, attempt, outcome)
-    if won:
-        _log(run, "cancelled", attempt=attempt, tools=tools)
-    else:
-        found = await store.get_attempt(ctx.engine, meta["uid"], attempt)
-        tools = None if found is None else found.tools_executed
+    """The run is being deleted: stop its pod and record Cancelled (with the tools).
+
+    The finalizer stays until the store holds the tools: a settled run whose tools are
+    still unknown is counted now, and a store that cannot be read is tried again.
+    """
+    meta = run["metadata"]
+    async with ctx.lock(meta["uid"]):
+        fresh = await ctx.kube.read_run(meta["namespace"], meta["name"]) or run
+        status = fresh.get("status") or {}
+        attempt = int(status.get("attempts") or 1)
+        tools: list[str] | None
+        if status.get("phase") in Phase.TERMINAL:
+            if "toolsExecuted" not in status or status["toolsExecuted"] is not None:
+                return
+            tools = await _fill_unknown_tools(ctx, fresh)
+        else:
+            if status.get("podName"):
+                await ctx.kube.delete_pod(meta["namespace"], status["podName"])
+            outcome = Outcome(Phase.CANCELLED, Reason.CANCELLED,
+                              "The AgentRun was deleted while it was live; its pod was "
+                              "stopped.")
+            won, tools = await _settle_store(ctx, fresh, attempt, outcome)
+            if won:
+                _log(fresh, "cancelled", attempt=attempt, tools=tools)
+            if tools is None:
+                # Settled before (by us, when the tools could not be read): count now.
+                tools = await _tools(ctx, meta["uid"], attempt)
+                if tools is not None:
+                    try:
+                        await store.set_tools_executed(ctx.engine, meta["uid"], attempt, tools)
+                    except Exception:
+                        tools = None
     if tools is None:
-        # The record must not lose the tools: keep the finalizer until they are known.
-        raise kopf.TemporaryError("the run store cannot be read; retrying", delay=5)
+        raise kopf.TemporaryError("the run store cannot be read; the run's tools are not "
+                                  "recorded yet, retrying", delay=5)
 
 
 # -- nodes ---------------------------------------------------------------------------------

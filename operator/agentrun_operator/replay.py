@@ -9,7 +9,6 @@ a handler that runs again reads that record back and finishes the same approval.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 from collections.abc import Mapping
@@ -22,12 +21,12 @@ from agentrun.vocabulary import (
     ANNOTATION_INPUT_DIGEST,
     API_VERSION,
     LABEL_REPLAY_OF,
-    REPLAY_KIND,
     RUN_KIND,
     Condition,
     Phase,
     ReplayPhase,
 )
+from agentrun_operator import events
 from agentrun_operator import status as st
 from agentrun_operator.decide import Decision, Original, decide, is_forced
 from agentrun_operator.lifecycle import Context, now
@@ -127,11 +126,11 @@ async def reconcile(ctx: Context, replay: Mapping[str, Any]) -> None:
     await _write_status(ctx, replay, decision, facts, tools,
                         new_name if decision.approved else None)
     _log(replay, decision, new_name if decision.approved else None)
-    _event(replay, decision.reason, decision.message
+    events.post(replay, decision.reason, decision.message
            + (f" Created AgentRun {new_name}." if decision.approved else ""),
            warning=not decision.approved)
     if decision.approved and original is not None:
-        _event(original, "Replayed", f"AgentRunReplay {meta['name']} was approved "
+        events.post(original, "Replayed", f"AgentRunReplay {meta['name']} was approved "
                f"({decision.reason}): AgentRun {new_name} runs it again on the same input.")
 
 
@@ -206,22 +205,6 @@ async def _write_status(
     if new_name is not None:
         patch["replayRunName"] = new_name
     await ctx.kube.patch_replay_status(meta["namespace"], meta["name"], patch)
-
-
-def _ref(obj: Mapping[str, Any], kind: str) -> dict[str, Any]:
-    meta = obj["metadata"]
-    return {"apiVersion": API_VERSION, "kind": kind,
-            "metadata": {"name": meta["name"], "namespace": meta["namespace"],
-                         "uid": meta["uid"]}}
-
-
-def _event(obj: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
-    kind = REPLAY_KIND if "runName" in (obj.get("spec") or {}) else RUN_KIND
-    # Outside a running operator (a test calling reconcile directly) there is no event
-    # queue; the status says the same.
-    with contextlib.suppress(LookupError):
-        ref: Any = _ref(obj, kind)  # kopf takes any mapping with apiVersion/kind/metadata
-        (kopf.warn if warning else kopf.info)(ref, reason=reason, message=message)
 
 
 def _log(replay: Mapping[str, Any], decision: Decision, new_name: str | None) -> None:
