@@ -47,6 +47,10 @@ Replays (approved AgentRunReplays; at most one non-forced approval per run, atom
     await get_replay_approval(engine, replay_uid) -> ReplayApproval | None
     await replays_of(engine, run_uid) -> list[ReplayApproval]
 
+Retention
+    await purge_old_events(engine, older_than=90 days, batch=1000) -> int
+        ADK events past retention, in batches; sessions keep their shell
+
 Memory and samples
     StoreMemoryService(engine, ttl_days=90)            an ADK BaseMemoryService
     await purge_expired_memory(engine) -> int
@@ -83,6 +87,7 @@ from agentrun.store.replays import (
     get_replay_approval,
     replays_of,
 )
+from agentrun.store.retention import purge_old_events
 from agentrun.store.runs import (
     Attempt,
     Outcome,
@@ -138,6 +143,7 @@ __all__ = [
     "open_call",
     "outbox",
     "purge_expired_memory",
+    "purge_old_events",
     "put_input",
     "record_invocation",
     "record_outcome",

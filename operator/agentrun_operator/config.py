@@ -37,6 +37,8 @@ class OperatorConfig:
         seconds=DEFAULT_TOLERATION_SECONDS)
     check_interval: float = 10.0
     metrics_port: int = 0  # 0: no metrics endpoint
+    # ADK session events older than this are purged daily (0: never).
+    event_retention: datetime.timedelta = datetime.timedelta(days=90)
     extra_runner_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -81,6 +83,10 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
                    default=float(_env("AGENTRUN_CHECK_INTERVAL_SECONDS", "10")),
                    help="seconds between the safety-net checks of each live run")
     p.add_argument("--metrics-port", type=int, default=int(_env("AGENTRUN_METRICS_PORT", "0")))
+    p.add_argument("--event-retention-days", type=float,
+                   default=float(_env("AGENTRUN_EVENT_RETENTION_DAYS", "90")),
+                   help="ADK session events older than this are purged daily, in batches "
+                        "(0: never); sessions keep their shell, the ledger is kept")
     a = p.parse_args(argv)
     grace = a.node_lost_grace if a.node_lost_grace >= 0 else float(a.toleration_seconds)
     return OperatorConfig(
@@ -96,4 +102,5 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
         node_lost_grace=datetime.timedelta(seconds=grace),
         check_interval=a.check_interval,
         metrics_port=a.metrics_port,
+        event_retention=datetime.timedelta(days=a.event_retention_days),
     )

@@ -6,6 +6,7 @@ configuration), and stay a few lines each: the work is in lifecycle.py and repla
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -21,7 +22,7 @@ from agentrun.vocabulary import (
     VERSION,
     Phase,
 )
-from agentrun_operator import lifecycle, metrics, replay
+from agentrun_operator import lifecycle, metrics, replay, retention
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.kube import Kube
 from agentrun_operator.lifecycle import Context
@@ -59,11 +60,13 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
         metrics.serve(config.metrics_port)
         memo.ctx = Context(config=config, engine=store.make_engine(config.database_url),
                            kube=Kube())
+        memo.purge = asyncio.create_task(retention.purge_daily(memo.ctx))
         log.info("event=started store=%s namespaces=%s", store.redact(config.database_url),
                  ",".join(config.namespaces) or "*")
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        memo.purge.cancel()
         await memo.ctx.engine.dispose()
 
     @kopf.on.create(GROUP, VERSION, RUN_PLURAL, registry=registry)

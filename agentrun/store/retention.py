@@ -1,0 +1,37 @@
+"""Retention: ADK session events are purged after N days (default 90), in batches.
+
+Sessions keep their shell (the sessions row); the ledger and our run rows are kept, so
+toolsExecuted of an old run stays what it was when it was settled.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from google.adk.sessions.schemas.v1 import StorageEvent
+from sqlalchemy import Table, delete, select, tuple_
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+DEFAULT_EVENT_RETENTION_DAYS = 90
+
+_events: Table = StorageEvent.__table__  # type: ignore[assignment]
+_key = (_events.c.id, _events.c.app_name, _events.c.user_id, _events.c.session_id)
+
+
+async def purge_old_events(
+    engine: AsyncEngine,
+    older_than: timedelta = timedelta(days=DEFAULT_EVENT_RETENTION_DAYS),
+    batch: int = 1000,
+) -> int:
+    """Deletes ADK events older than `older_than`, `batch` rows per transaction (short
+    transactions: runners write events meanwhile). Returns how many were deleted."""
+    cutoff = datetime.now(UTC) - older_than
+    deleted = 0
+    while True:
+        async with engine.begin() as conn:
+            keys = [tuple(row) for row in await conn.execute(
+                select(*_key).where(_events.c.timestamp < cutoff).limit(batch))]
+            if not keys:
+                return deleted
+            await conn.execute(delete(_events).where(tuple_(*_key).in_(keys)))
+        deleted += len(keys)

@@ -1,0 +1,28 @@
+"""The daily purge: ADK session events past retention, and expired long-term memory."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+
+from agentrun import store
+from agentrun_operator.lifecycle import Context
+
+log = logging.getLogger("agentrun.operator")
+DAY = datetime.timedelta(days=1)
+
+
+async def purge_daily(ctx: Context) -> None:
+    """Runs until cancelled: a purge shortly after start, then one a day."""
+    if ctx.config.event_retention <= datetime.timedelta(0):
+        return
+    await asyncio.sleep(60)  # let the start-up work go first
+    while True:
+        try:
+            events = await store.purge_old_events(ctx.engine, ctx.config.event_retention)
+            memories = await store.purge_expired_memory(ctx.engine)
+            log.info("event=retention-purge events=%s memories=%s", events, memories)
+        except Exception as e:  # the store may be down: try again tomorrow
+            log.warning("event=retention-purge-failed error=%r", e)
+        await asyncio.sleep(DAY.total_seconds())
