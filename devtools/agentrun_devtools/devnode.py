@@ -13,6 +13,9 @@ annotation `dev.agentrun.dev/simulate` (see docs/development.md):
 - on a pod, `oom`: kill it, report the container terminated OOMKilled, exit code 137;
 - on the node, `lost`: stop renewing the Lease and status and kill every process, as a
   node that lost power. Removing the annotation brings the node back.
+
+Images are never pulled, but one whose tag is `:unpullable` plays an image that cannot
+be: the pod stays Pending, its container waiting in ErrImagePull.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ LEASE_SECONDS = 40
 RENEW_SECONDS = 1.0
 STATUS_SECONDS = 5.0
 KUBELET_VERSION = "v1.37.2"
+# An image with this tag is reported as one that cannot be pulled (ErrImagePull).
+UNPULLABLE_TAG = ":unpullable"
 
 
 def _now() -> datetime.datetime:
@@ -294,6 +299,9 @@ class DevNode:
     def _start(self, pod: Any) -> None:
         container = pod.spec.containers[0]
         namespace, name, uid = pod.metadata.namespace, pod.metadata.name, pod.metadata.uid
+        if (container.image or "").endswith(UNPULLABLE_TAG):
+            self._report_pull_failure(pod, container)
+            return
         argv = [*(container.command or []), *(container.args or [])]
         env = self._env(pod, container)
         pod_dir = self.work_dir / f"{namespace}_{name}_{uid[:8]}"
@@ -416,6 +424,24 @@ class DevNode:
         if proc is not None and kill and proc.process.poll() is None:
             self._kill(proc, signal.SIGKILL)
         self.finished.discard(uid)
+
+    def _report_pull_failure(self, pod: Any, container: Any) -> None:
+        """Images are never pulled here; one tagged UNPULLABLE_TAG plays an image that
+        cannot be: the pod stays Pending with the container waiting in ErrImagePull."""
+        self.finished.add(pod.metadata.uid)
+        log.info("event=image-pull-failed pod=%s/%s image=%s", pod.metadata.namespace,
+                 pod.metadata.name, container.image)
+        self._patch_status(pod.metadata.namespace, pod.metadata.name, {
+            "phase": "Pending", "hostIP": "127.0.0.1",
+            "conditions": self._conditions(ready=False),
+            "containerStatuses": [{
+                "name": container.name, "ready": False, "restartCount": 0,
+                "image": container.image, "imageID": "", "started": False,
+                "state": {"waiting": {
+                    "reason": "ErrImagePull",
+                    "message": f'failed to pull image "{container.image}": not found'}},
+            }],
+        })
 
     def _report_start_failure(self, pod: Any, container: str, message: str) -> None:
         self.finished.add(pod.metadata.uid)

@@ -231,3 +231,18 @@ def test_events_tell_the_story(system: System, namespace: str) -> None:
              what="events on the AgentRun")
     described = system.kubectl("describe", "agentrun", "told", "-n", namespace).stdout
     assert "Tools executed: read_message, send_email, update_crm." in described
+
+
+def test_image_that_cannot_be_pulled(system: System, namespace: str) -> None:
+    manifest = agent_run("no-image", HAPPY, image="registry.example/runner:unpullable",
+                         retry={"maxAttempts": 3})
+    system.apply(in_namespace(manifest, namespace))
+    run = system.wait_phase(namespace, "no-image", Phase.FAILED, Phase.SUCCEEDED)
+    assert run["status"]["reason"] == Reason.IMAGE_PULL_FAILED
+    assert "ErrImagePull" in run["status"]["message"]
+    assert "check spec.image" in run["status"]["message"]
+    # Nothing ran, so nothing was called; and pulling again would fail again: no retry.
+    assert run["status"]["toolsExecuted"] == []
+    assert run["status"]["attempts"] == 1
+    wait_for(lambda: system.get("pod", namespace, "no-image-1") is None, timeout=60,
+             what="the pod that cannot start is removed")
