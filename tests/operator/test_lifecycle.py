@@ -3,6 +3,7 @@ real runner processes on the scripted model, the operator as a process."""
 
 from __future__ import annotations
 
+import json
 import time
 
 from agentrun_devtools.processes import wait_for
@@ -246,3 +247,30 @@ def test_image_that_cannot_be_pulled(system: System, namespace: str) -> None:
     assert run["status"]["attempts"] == 1
     wait_for(lambda: system.get("pod", namespace, "no-image-1") is None, timeout=60,
              what="the pod that cannot start is removed")
+
+
+def test_preempted_by_the_scheduler(system: System, namespace: str) -> None:
+    """A higher-priority pod that only fits if ours goes: the real kube-scheduler preempts
+    the runner pod (DisruptionTarget PreemptionByScheduler)."""
+    manifest = agent_run("preempted", email_then_wait(120),
+                         resources={"requests": {"cpu": "40"}})
+    system.apply(in_namespace(manifest, namespace))
+    uid = system.wait_phase(namespace, "preempted", Phase.RUNNING)["metadata"]["uid"]
+    system.wait_ledger(uid, "send_email")
+    system.kubectl("apply", "-f", "-", input=json.dumps({
+        "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+        "metadata": {"name": "agentrun-test-urgent"}, "value": 1000000}))
+    try:
+        system.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "urgent"},
+            "spec": {"priorityClassName": "agentrun-test-urgent", "restartPolicy": "Never",
+                     "containers": [{"name": "work", "image": "busybox",
+                                     "command": ["sleep", "60"],
+                                     "resources": {"requests": {"cpu": "40"}}}]}}))
+        run = system.wait_phase(namespace, "preempted", Phase.FAILED, Phase.SUCCEEDED)
+    finally:
+        system.kubectl("delete", "pod", "urgent", "-n", namespace, "--wait=false",
+                       check=False)
+        system.kubectl("delete", "priorityclass", "agentrun-test-urgent", check=False)
+    assert run["status"]["reason"] == Reason.PREEMPTED, run["status"]
+    assert run["status"]["toolsExecuted"] == ["send_email"]
