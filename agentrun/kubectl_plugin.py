@@ -137,19 +137,24 @@ def replay(cluster: Cluster, run: str, *, force: bool, note: str | None, name: s
             print(f"agentrunreplay/{name} annotated {ANNOTATION_FORCE_REPLAY}=true")
         replay_name = existing["metadata"]["name"]
     else:
-        metadata: dict[str, Any] = {"name": name} if name else {"generateName": f"{run}-replay-"}
-        if force:
-            metadata["annotations"] = {ANNOTATION_FORCE_REPLAY: "true"}
-        spec: dict[str, Any] = {"runName": run}
-        if note:
-            spec["note"] = note
-        created = cluster.create_replay({"apiVersion": API_VERSION, "kind": REPLAY_KIND,
-                                         "metadata": metadata, "spec": spec})
+        created = cluster.create_replay(replay_manifest(name, run, force=force, note=note))
         replay_name = created["metadata"]["name"]
         print(f"agentrunreplay/{replay_name} created" + (" (forced)" if force else ""))
     decided = wait_for_decision(cluster, replay_name, timeout, forced=force)
     print_decision(decided)
     return OK if decided["status"]["phase"] == ReplayPhase.APPROVED else REFUSED
+
+
+def replay_manifest(name: str | None, run: str, *, force: bool = False,
+                    note: str | None = None) -> dict[str, Any]:
+    """An AgentRunReplay of `run` (no name: a generated one), forced with the annotation."""
+    metadata: dict[str, Any] = {"name": name} if name else {"generateName": f"{run}-replay-"}
+    if force:
+        metadata["annotations"] = {ANNOTATION_FORCE_REPLAY: "true"}
+    spec: dict[str, Any] = {"runName": run}
+    if note:
+        spec["note"] = note
+    return {"apiVersion": API_VERSION, "kind": REPLAY_KIND, "metadata": metadata, "spec": spec}
 
 
 def wait_for_decision(cluster: Cluster, name: str, timeout: float, *,

@@ -150,6 +150,29 @@ class System:
         wait_for(called, timeout=timeout, what=f"ledger row for {tool}", interval=0.1)
 
 
+def as_operator(system: System, fn: Callable[[Any], Awaitable[T]], **config: Any) -> T:
+    """Runs `fn(ctx)` with an operator Context of its own (the operator's credential, the
+    store), to call a lifecycle or replay step directly, exactly when a test wants it."""
+    from agentrun_operator.config import OperatorConfig
+    from agentrun_operator.kube import Kube
+    from agentrun_operator.lifecycle import Context
+    from kubernetes import config as kube_config
+
+    async def go() -> T:
+        api = kube_config.new_client_from_config(
+            config_file=str(system.plane.operator_kubeconfig))
+        engine = store.make_engine(system.store_url)
+        ctx = Context(config=OperatorConfig(database_url=system.store_url, **config),
+                      engine=engine, kube=Kube(api))
+        try:
+            return await fn(ctx)
+        finally:
+            await engine.dispose()
+            api.close()
+
+    return asyncio.run(go())
+
+
 def agent_run(name: str, script: list[dict[str, Any]] | None = None, *,
               agent: str = "support-agent", text: str = "Customer 42 asks for a refund",
               **spec: Any) -> dict[str, Any]:

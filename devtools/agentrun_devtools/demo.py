@@ -36,13 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from agentrun import store
+from agentrun.kubectl_plugin import replay_manifest
 from agentrun.vocabulary import (
     ANNOTATION_FORCE_REPLAY,
     API_VERSION,
     ENV_DATABASE_URL,
     ENV_SCRIPT,
     FORCER_CLUSTER_ROLE,
-    REPLAY_KIND,
     RUN_KIND,
     SCRIPTED_MODEL,
     Phase,
@@ -311,17 +311,6 @@ def run_manifest(name: str, script: list[dict[str, Any]]) -> dict[str, Any]:
             "spec": {"agent": "support-agent", "userId": "customer-42", "model": SCRIPTED_MODEL,
                      "input": {"text": "Customer 42 asks for a refund of order 42."},
                      "env": [{"name": ENV_SCRIPT, "value": json.dumps(script)}]}}
-
-
-def replay_manifest(name: str, run_name: str, *, force: bool = False,
-                    note: str | None = None) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name}
-    if force:
-        metadata["annotations"] = {ANNOTATION_FORCE_REPLAY: "true"}
-    spec: dict[str, Any] = {"runName": run_name}
-    if note:
-        spec["note"] = note
-    return {"apiVersion": API_VERSION, "kind": REPLAY_KIND, "metadata": metadata, "spec": spec}
 
 
 def main(argv: list[str] | None = None) -> int:

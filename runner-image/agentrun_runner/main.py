@@ -13,7 +13,7 @@ import asyncio
 import mimetypes
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,21 +142,12 @@ class Failure:
     message: str
 
 
-def _chain(error: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
 def classify_failure(error: BaseException) -> Failure:
     """What an exception out of the agent run means for the run (a pure decision)."""
     from agentrun_runner.ledger import LedgerWriteFailed
-    from agentrun_runner.retries import EmptyModelTurn, RateLimitedAfterToolCall
+    from agentrun_runner.retries import EmptyModelTurn, RateLimitedAfterToolCall, causes
 
-    for e in _chain(error):
+    for e in causes(error):
         if isinstance(e, RateLimitedAfterToolCall):
             return Failure(
                 RunnerExit.RATE_LIMITED_AFTER_TOOL_CALL, Reason.RATE_LIMITED_AFTER_TOOL_CALL, str(e)

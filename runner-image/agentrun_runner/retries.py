@@ -51,7 +51,8 @@ class EmptyModelTurn(RuntimeError):
         )
 
 
-def _chain(error: BaseException) -> Iterator[BaseException]:
+def causes(error: BaseException) -> Iterator[BaseException]:
+    """`error`, then what caused it, and so on (each once)."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
@@ -62,7 +63,7 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
 
 def rate_limit_of(error: BaseException) -> errors.APIError | None:
     """The 429 / RESOURCE_EXHAUSTED API error in `error`'s chain, if any."""
-    for e in _chain(error):
+    for e in causes(error):
         if isinstance(e, errors.APIError) and (
             e.code == 429 or str(e.status or "").upper() == "RESOURCE_EXHAUSTED"
         ):

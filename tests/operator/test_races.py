@@ -6,38 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from agentrun_operator import lifecycle
 from agentrun_operator.classify import Outcome
-from agentrun_operator.config import OperatorConfig
-from agentrun_operator.kube import Kube
 from agentrun_operator.lifecycle import Context
-from kubernetes import config as kube_config
 
 from agentrun import store
 from agentrun.vocabulary import Phase, Reason
-from tests.harness import System, agent_run, in_namespace
+from tests.harness import System, agent_run, as_operator, in_namespace
 
 T = TypeVar("T")
-
-
-def as_operator(system: System, fn: Callable[[Context], Awaitable[T]]) -> T:
-    async def go() -> T:
-        api = kube_config.new_client_from_config(
-            config_file=str(system.plane.operator_kubeconfig))
-        engine = store.make_engine(system.store_url)
-        ctx = Context(config=OperatorConfig(database_url=system.store_url,
-                                            runner_service_account="default"),
-                      engine=engine, kube=Kube(api))
-        try:
-            return await fn(ctx)
-        finally:
-            await engine.dispose()
-            api.close()
-
-    return asyncio.run(go())
 
 
 def test_three_observers_of_one_eviction_start_one_retry(
@@ -49,7 +28,8 @@ def test_three_observers_of_one_eviction_start_one_retry(
     script = [{"sleep": 60}, {"text": "done"}]
     system.apply(in_namespace(agent_run("raced", script, retry={"maxAttempts": 2}), ns))
     before = system.run(ns, "raced")
-    as_operator(system, lambda ctx: lifecycle.launch(ctx, before))
+    as_operator(system, lambda ctx: lifecycle.launch(ctx, before),
+                runner_service_account="default")
     system.wait_pod_running(ns, "raced-1")
     stale_view = system.run(ns, "raced")
     system.evict(ns, "raced-1")
@@ -62,7 +42,7 @@ def test_three_observers_of_one_eviction_start_one_retry(
             lifecycle.check(ctx, stale_view),
         )
 
-    as_operator(system, race)
+    as_operator(system, race, runner_service_account="default")
     status = system.run(ns, "raced")["status"]
     assert (status["phase"], status["attempts"], status["podName"]) == (
         Phase.PENDING, 2, "raced-2"), status

@@ -14,12 +14,10 @@ import pytest
 from agentrun_devtools.controlplane import ControlPlane
 from agentrun_devtools.processes import wait_for
 
+from agentrun.kubectl_plugin import replay_manifest
 from agentrun.vocabulary import (
-    ANNOTATION_FORCE_REPLAY,
-    API_VERSION,
     GROUP,
     LABEL_REPLAY_OF,
-    REPLAY_KIND,
     ReplayPhase,
 )
 from tests.harness import System
@@ -37,17 +35,6 @@ def unique_text() -> str:
     """An input text no other test uses: snapshots are content-addressed, and a test that
     deletes its snapshot must not take another test's with it."""
     return f"Customer 42 asks for a refund (replay test input #{next(_texts)}, {time.time()})"
-
-
-def replay_manifest(name: str, run_name: str, *, force: bool = False,
-                    note: str | None = None) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name}
-    if force:
-        metadata["annotations"] = {ANNOTATION_FORCE_REPLAY: "true"}
-    spec: dict[str, Any] = {"runName": run_name}
-    if note:
-        spec["note"] = note
-    return {"apiVersion": API_VERSION, "kind": REPLAY_KIND, "metadata": metadata, "spec": spec}
 
 
 def create_replay(system: System, namespace: str, name: str, run_name: str, *,

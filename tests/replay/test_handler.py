@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from agentrun_operator.config import OperatorConfig
-from agentrun_operator.kube import Kube
 from agentrun_operator.lifecycle import Context
 from agentrun_operator.replay import reconcile
-from kubernetes import config as kube_config
 
 from agentrun import store
 from agentrun.vocabulary import Phase, ReplayPhase, ReplayReason
-from tests.harness import System, agent_run, in_namespace
+from tests.harness import System, agent_run, as_operator, in_namespace
 from tests.replay.conftest import (
     REPLAYS,
     create_replay,
@@ -33,24 +29,6 @@ from tests.replay.conftest import (
 )
 
 T = TypeVar("T")
-
-
-def handler(system: System, fn: Callable[[Context], Awaitable[T]]) -> T:
-    """Runs `fn(ctx)` with the operator's own Context: its credential, the store."""
-
-    async def go() -> T:
-        api = kube_config.new_client_from_config(config_file=str(
-            system.plane.operator_kubeconfig))
-        engine = store.make_engine(system.store_url)
-        ctx = Context(config=OperatorConfig(database_url=system.store_url), engine=engine,
-                      kube=Kube(api))
-        try:
-            return await fn(ctx)
-        finally:
-            await engine.dispose()
-            api.close()
-
-    return asyncio.run(go())
 
 
 def settled_original(system: System, namespace: str, name: str, tools: Any) -> None:
@@ -74,7 +52,7 @@ def test_handler_that_runs_again_creates_one_run(system: System, solo_namespace:
     settled_original(system, ns, "lost", [])
     create_replay(system, ns, "lost-again", "lost")
 
-    handler(system, lambda ctx: reconcile(ctx, get_replay(system, ns, "lost-again")))
+    as_operator(system, lambda ctx: reconcile(ctx, get_replay(system, ns, "lost-again")))
     first = get_replay(system, ns, "lost-again")["status"]
     assert (first["phase"], first["reason"]) == (ReplayPhase.APPROVED,
                                                  ReplayReason.NO_TOOLS_EXECUTED)
@@ -84,7 +62,7 @@ def test_handler_that_runs_again_creates_one_run(system: System, solo_namespace:
                    "--type=json", "-p", json.dumps([{"op": "remove", "path": "/status"}]))
     assert "status" not in get_replay(system, ns, "lost-again")
 
-    handler(system, lambda ctx: reconcile(ctx, get_replay(system, ns, "lost-again")))
+    as_operator(system, lambda ctx: reconcile(ctx, get_replay(system, ns, "lost-again")))
     second = get_replay(system, ns, "lost-again")["status"]
     assert (second["phase"], second["reason"], second["replayRunName"]) == (
         first["phase"], first["reason"], first["replayRunName"])
@@ -102,7 +80,7 @@ def test_handler_running_twice_at_once_creates_one_run(
     async def twice(ctx: Context) -> None:
         await asyncio.gather(reconcile(ctx, body), reconcile(ctx, body))
 
-    handler(system, twice)
+    as_operator(system, twice)
     status = get_replay(system, ns, "doubled-again")["status"]
     assert status["phase"] == ReplayPhase.APPROVED
     assert [r["metadata"]["name"] for r in replay_runs(system, ns, "doubled")] == [
@@ -116,7 +94,7 @@ def test_null_tools_executed_is_tool_state_unknown(system: System, solo_namespac
     settled_original(system, ns, "unread", None)
     assert system.run(ns, "unread")["status"]["toolsExecuted"] is None
     create_replay(system, ns, "unread-again", "unread")
-    handler(system, lambda ctx: reconcile(ctx, get_replay(system, ns, "unread-again")))
+    as_operator(system, lambda ctx: reconcile(ctx, get_replay(system, ns, "unread-again")))
     status = get_replay(system, ns, "unread-again")["status"]
     assert (status["phase"], status["reason"]) == (ReplayPhase.REFUSED,
                                                    ReplayReason.TOOL_STATE_UNKNOWN)
