@@ -76,16 +76,13 @@ def _log(run: Mapping[str, Any], event: str, **fields: Any) -> None:
 
 async def launch(ctx: Context, run: Mapping[str, Any]) -> None:
     """Snapshot the input, write the run down, and start its current attempt's pod."""
-    meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
+    meta, status = run["metadata"], run.get("status") or {}
     if status.get("phase") in Phase.TERMINAL:
         return
     digest = status.get("inputDigest") or await _snapshot(ctx, run)
     if digest is None:
         return  # settled InputUnavailable
-    await store.record_run(
-        ctx.engine, meta["uid"], meta["namespace"], meta["name"], spec["agent"],
-        spec.get("trigger") or "manual", spec.get("userId") or "default", digest,
-        replay_of=spec.get("replayOf"))
+    await _record_run(ctx, run, digest)
     if not status.get("phase"):
         await ctx.kube.patch_run_status(meta["namespace"], meta["name"], st.live_status(
             Phase.PENDING, Reason.CREATED, "The input was snapshotted and the run recorded.",
@@ -93,6 +90,15 @@ async def launch(ctx: Context, run: Mapping[str, Any]) -> None:
             observedGeneration=meta.get("generation")))
         events.post(run, Reason.CREATED, f"Input snapshotted as {digest}; run recorded.")
     await start_attempt(ctx, run, int(status.get("attempts") or 1), digest)
+
+
+async def _record_run(ctx: Context, run: Mapping[str, Any], digest: str | None) -> None:
+    """The run's row in the store (idempotent): written before anything runs."""
+    meta, spec = run["metadata"], run.get("spec") or {}
+    await store.record_run(
+        ctx.engine, meta["uid"], meta["namespace"], meta["name"], spec["agent"],
+        spec.get("trigger") or "manual", spec.get("userId") or "default", digest,
+        replay_of=spec.get("replayOf"))
 
 
 async def _snapshot(ctx: Context, run: Mapping[str, Any]) -> str | None:
@@ -105,10 +111,7 @@ async def _snapshot(ctx: Context, run: Mapping[str, Any]) -> str | None:
     try:
         files = await ctx.kube.read_input_files(meta["namespace"], source.get("files") or [])
     except InputMissing as e:
-        await store.record_run(
-            ctx.engine, meta["uid"], meta["namespace"], meta["name"], spec["agent"],
-            spec.get("trigger") or "manual", spec.get("userId") or "default", None,
-            replay_of=spec.get("replayOf"))
+        await _record_run(ctx, run, None)
         await settle(ctx, run, 1, Outcome(Phase.FAILED, Reason.INPUT_UNAVAILABLE,
                                           f"{e} No pod was started; fix the input and "
                                           "create the run again."))
@@ -124,10 +127,7 @@ async def _replay_snapshot(ctx: Context, run: Mapping[str, Any]) -> str | None:
     digest = (meta.get("annotations") or {}).get(ANNOTATION_INPUT_DIGEST)
     if digest and await store.get_input(ctx.engine, digest) is not None:
         return str(digest)
-    await store.record_run(
-        ctx.engine, meta["uid"], meta["namespace"], meta["name"], spec["agent"],
-        spec.get("trigger") or "manual", spec.get("userId") or "default", None,
-        replay_of=spec.get("replayOf"))
+    await _record_run(ctx, run, None)
     await settle(ctx, run, 1, Outcome(
         Phase.FAILED, Reason.INPUT_UNAVAILABLE,
         f"The input snapshot {digest or '(none named)'} of the original run "
