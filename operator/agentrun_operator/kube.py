@@ -75,17 +75,30 @@ class Kube:
         self, plural: str, namespace: str, name: str, status: Mapping[str, Any]
     ) -> None:
         # A JSON merge patch cannot write null (null means "remove"), yet a null
-        # toolsExecuted ("unknown") must be said, not left out: those go by JSON patch.
+        # toolsExecuted ("unknown") must be said, not left out: those go by JSON patch,
+        # and first, so that no reader sees the new phase beside an older value. Only an
+        # object with no status yet takes the merge patch first (it creates the status).
         merge = {k: v for k, v in status.items() if v is not None}
-        nulls = [k for k, v in status.items() if v is None]
-        await asyncio.to_thread(
-            self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace,
-            plural, name, {"status": merge})
-        if nulls:
-            ops = [{"op": "add", "path": f"/status/{k}", "value": None} for k in nulls]
-            await asyncio.to_thread(
-                self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace,
-                plural, name, ops, _content_type="application/json-patch+json")
+        nulls = [{"op": "add", "path": f"/status/{k}", "value": None}
+                 for k, v in status.items() if v is None]
+
+        def patch(body: Any, content_type: str | None = None) -> None:
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, plural, name, body, _content_type=content_type)
+
+        json_patch = "application/json-patch+json"
+        if not nulls:
+            await asyncio.to_thread(patch, {"status": merge})
+            return
+        try:
+            await asyncio.to_thread(patch, nulls, json_patch)
+        except ApiException as e:
+            if e.status != 422:  # 422: there is no /status to add to yet
+                raise
+            await asyncio.to_thread(patch, {"status": merge})
+            await asyncio.to_thread(patch, nulls, json_patch)
+            return
+        await asyncio.to_thread(patch, {"status": merge})
 
     # -- pods ------------------------------------------------------------------------------
 
