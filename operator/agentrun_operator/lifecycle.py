@@ -12,6 +12,7 @@ import asyncio
 import datetime
 import json
 import logging
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,10 +55,15 @@ class Context:
     # One decision at a time per run (by uid): the pod watch, the safety-net timer and a
     # node re-check may all see the same end at once, and the loser must see the winner's
     # result (a retry already started), not act on the run it read before.
-    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    # Weak: a run's lock lives only while someone holds or waits for it.
+    locks: weakref.WeakValueDictionary[str, asyncio.Lock] = field(
+        default_factory=weakref.WeakValueDictionary)
 
     def lock(self, uid: str) -> asyncio.Lock:
-        return self.locks.setdefault(uid, asyncio.Lock())
+        found = self.locks.get(uid)
+        if found is None:
+            found = self.locks[uid] = asyncio.Lock()
+        return found
 
 
 def now() -> datetime.datetime:
