@@ -48,15 +48,19 @@ def crds(control_plane: ControlPlane) -> ControlPlane:
     return control_plane
 
 
-@pytest.fixture
-def namespace(control_plane: ControlPlane) -> Iterator[str]:
-    """A fresh namespace for one test, deleted (without waiting) afterwards."""
-    name = f"t{next(_namespaces)}"
-    control_plane.kubectl("create", "namespace", name)
+def _fresh_namespace(plane: ControlPlane, prefix: str) -> Iterator[str]:
+    name = f"{prefix}{next(_namespaces)}"
+    plane.kubectl("create", "namespace", name)
     try:
         yield name
     finally:
-        control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+        plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane) -> Iterator[str]:
+    """A fresh namespace for one test, deleted (without waiting) afterwards."""
+    yield from _fresh_namespace(control_plane, "t")
 
 
 # -- the whole system: development node, store, operator --------------------------------------
@@ -107,9 +111,4 @@ def system(crds: ControlPlane, store_url: str, operator: Operator) -> System:
 @pytest.fixture
 def solo_namespace(control_plane: ControlPlane) -> Iterator[str]:
     """A namespace the session operator ignores (for a test's own operator)."""
-    name = f"solo-{next(_namespaces)}"
-    control_plane.kubectl("create", "namespace", name)
-    try:
-        yield name
-    finally:
-        control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    yield from _fresh_namespace(control_plane, "solo-")

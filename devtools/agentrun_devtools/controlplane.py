@@ -137,30 +137,27 @@ class ControlPlane:
         wait_for(lambda: self._readyz(apiserver, admin, pki.ca_cert),
                  timeout=120, what="kube-apiserver")
 
+        # What kube-controller-manager and kube-scheduler share: admin credentials for
+        # everything, no leader election, their own serving port on loopback.
+        component = [
+            f"--kubeconfig={self.kubeconfig}",
+            f"--authentication-kubeconfig={self.kubeconfig}",
+            f"--authorization-kubeconfig={self.kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            "--v=1",
+        ]
         if self.with_controller_manager:
             self._spawn("kube-controller-manager", [
-                f"--kubeconfig={self.kubeconfig}",
-                f"--authentication-kubeconfig={self.kubeconfig}",
-                f"--authorization-kubeconfig={self.kubeconfig}",
-                "--leader-elect=false",
-                "--bind-address=127.0.0.1",
+                *component,
                 f"--secure-port={free_port()}",
                 f"--root-ca-file={pki.ca_cert}",
                 f"--service-account-private-key-file={sa_private}",
                 f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
                 f"--node-monitor-period={NODE_MONITOR_PERIOD}",
-                "--v=1",
             ])
         if self.with_scheduler:
-            self._spawn("kube-scheduler", [
-                f"--kubeconfig={self.kubeconfig}",
-                f"--authentication-kubeconfig={self.kubeconfig}",
-                f"--authorization-kubeconfig={self.kubeconfig}",
-                "--leader-elect=false",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={free_port()}",
-                "--v=1",
-            ])
+            self._spawn("kube-scheduler", [*component, f"--secure-port={free_port()}"])
         if self.with_controller_manager:
             # Pods need the namespace's default ServiceAccount, which the controller
             # manager creates: wait for it so that the first test does not race it.
