@@ -66,6 +66,17 @@ class Context:
         return found
 
 
+def current_attempt(status: Mapping[str, Any]) -> int:
+    """The attempt the run's status is about (1 before any is recorded)."""
+    return int(status.get("attempts") or 1)
+
+
+def _is_current(status: Mapping[str, Any], attempt: int) -> bool:
+    """`attempt` is still the run's attempt, and the run is not settled: the question every
+    step asks again before acting, since another step may have acted meanwhile."""
+    return current_attempt(status) == attempt and status.get("phase") not in Phase.TERMINAL
+
+
 def now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
@@ -95,7 +106,7 @@ async def launch(ctx: Context, run: Mapping[str, Any]) -> None:
             now(), status, inputDigest=digest, attempts=1,
             observedGeneration=meta.get("generation")))
         events.post(run, Reason.CREATED, f"Input snapshotted as {digest}; run recorded.")
-    await start_attempt(ctx, run, int(status.get("attempts") or 1), digest)
+    await start_attempt(ctx, run, current_attempt(status), digest)
 
 
 async def _record_run(ctx: Context, run: Mapping[str, Any], digest: str | None) -> None:
@@ -159,7 +170,7 @@ async def start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int, dige
             runner_pod(run, attempt, session, digest, ctx.config))
     except ApiException as e:
         events.post(run, "PodCreateFailed", f"Runner pod {name} could not be created: "
-               f"{_api_message(e)}. Retrying; the run fails Stale if it never starts.",
+                    f"{_api_message(e)}. Retrying; the run fails Stale if it never starts.",
                warning=True)
         raise
     if not created:
@@ -177,30 +188,34 @@ async def start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int, dige
 # -- following the pod ------------------------------------------------------------------------
 
 
-async def observe_pod(ctx: Context, pod: Mapping[str, Any], *, gone: bool = False) -> None:
-    """Acts on what a runner pod says. `gone`: the pod was just deleted from the API."""
+async def observe_pod(
+    ctx: Context, pod: Mapping[str, Any], *, gone: bool = False
+) -> Outcome | None:
+    """Acts on what a runner pod says, and returns it. `gone`: the pod was just deleted
+    from the API."""
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     run_name, attempt = labels.get(LABEL_RUN), int(labels.get(LABEL_ATTEMPT) or 0)
     if not run_name or not attempt:
-        return
+        return None
     node = ctx.nodes.get((pod.get("spec") or {}).get("nodeName") or "")
     outcome = classify(pod, node, now(), ctx.config.node_lost_grace)
     if gone and (outcome is None or not outcome.terminal):
         outcome = Outcome(Phase.FAILED, Reason.POD_DELETED,
                           "The runner pod was deleted while the run was running.")
     if outcome is None:
-        return
+        return None
     run = await ctx.kube.read_run(meta["namespace"], run_name)
     if run is None or not _owns(run, pod):
-        return
+        return outcome
     status = run.get("status") or {}
-    if int(status.get("attempts") or 1) != attempt or status.get("phase") in Phase.TERMINAL:
-        return
+    if not _is_current(status, attempt):
+        return outcome
     if outcome.terminal:
         await finish_attempt(ctx, run, attempt, outcome)
     elif status.get("phase") == Phase.PENDING and outcome.phase == Phase.RUNNING:
         await _mark_running(ctx, run, attempt, meta["name"])
+    return outcome
 
 
 async def _mark_running(ctx: Context, run: Mapping[str, Any], attempt: int, pod: str) -> None:
@@ -208,8 +223,7 @@ async def _mark_running(ctx: Context, run: Mapping[str, Any], attempt: int, pod:
     async with ctx.lock(meta["uid"]):
         fresh = await ctx.kube.read_run(meta["namespace"], meta["name"])
         status = (fresh or {}).get("status") or {}
-        if fresh is None or status.get("phase") != Phase.PENDING or int(
-                status.get("attempts") or 1) != attempt:
+        if status.get("phase") != Phase.PENDING or not _is_current(status, attempt):
             return  # settled (or retried) meanwhile: Running would overwrite that
         await ctx.kube.patch_run_status(meta["namespace"], meta["name"], st.live_status(
             Phase.RUNNING, Reason.STARTED, f"Runner pod {pod} is running.", now(), status,
@@ -240,8 +254,7 @@ async def finish_attempt(
         fresh = await ctx.kube.read_run(meta["namespace"], meta["name"])
         if fresh is None or fresh["metadata"]["uid"] != meta["uid"]:
             return
-        status = fresh.get("status") or {}
-        if int(status.get("attempts") or 1) != attempt or status.get("phase") in Phase.TERMINAL:
+        if not _is_current(fresh.get("status") or {}, attempt):
             return  # already decided while we waited
         await _finish(ctx, fresh, attempt, outcome)
 
@@ -277,14 +290,20 @@ async def _with_runner_account(
     except Exception as e:  # the store may be down: the pod's account stands
         log.warning("event=outcome-unreadable uid=%s attempt=%s error=%r", uid, attempt, e)
         return outcome
-    if recorded is None or not recorded.status:
-        return outcome
-    if outcome.phase == Phase.FAILED and recorded.status == RunStatus.FAILED:
+    told = _recorded(recorded, outcome.message)
+    return told if told is not None and told.phase == outcome.phase else outcome
+
+
+def _recorded(recorded: store.Outcome | None, fallback: str | None = None) -> Outcome | None:
+    """How the runner itself recorded the attempt's end, if it did (its message, else
+    `fallback`, else a plain one)."""
+    if recorded is not None and recorded.status == RunStatus.SUCCEEDED:
+        return Outcome(Phase.SUCCEEDED, Reason.SUCCEEDED,
+                       recorded.message or fallback or "The agent finished.")
+    if recorded is not None and recorded.status == RunStatus.FAILED:
         return Outcome(Phase.FAILED, recorded.reason or Reason.AGENT_ERROR,
-                       recorded.message or outcome.message)
-    if outcome.phase == Phase.SUCCEEDED and recorded.status == RunStatus.SUCCEEDED:
-        return Outcome(Phase.SUCCEEDED, Reason.SUCCEEDED, recorded.message or outcome.message)
-    return outcome
+                       recorded.message or fallback or "The runner failed.")
+    return None
 
 
 async def _tools(ctx: Context, uid: str, attempt: int) -> list[str] | None:
@@ -343,7 +362,7 @@ async def _show_settled(
     told = "unknown (the run store could not be read)" if tools is None else (
         ", ".join(tools) or "none")
     events.post(run, outcome.reason, f"{outcome.message} Tools executed: {told}.",
-           warning=outcome.phase != Phase.SUCCEEDED)
+                warning=outcome.phase != Phase.SUCCEEDED)
 
 
 async def _show_store_outcome(ctx: Context, run: Mapping[str, Any], attempt: int) -> None:
@@ -352,7 +371,7 @@ async def _show_store_outcome(ctx: Context, run: Mapping[str, Any], attempt: int
         return
     phase = {v: k for k, v in _STORE_STATUS.items()}[found.status]
     status = run.get("status") or {}
-    if int(status.get("attempts") or 1) != attempt or status.get("phase") not in Phase.LIVE:
+    if current_attempt(status) != attempt or status.get("phase") not in Phase.LIVE:
         return
     meta = run["metadata"]
     await ctx.kube.patch_run_status(meta["namespace"], meta["name"], st.settled_status(
@@ -393,7 +412,7 @@ async def check(ctx: Context, run: Mapping[str, Any]) -> None:
         return
     if phase not in Phase.LIVE:
         return
-    attempt = int(status.get("attempts") or 1)
+    attempt = current_attempt(status)
     if status.get("podName"):
         expected = pod_name(meta["name"], attempt)
         pod = await ctx.kube.read_pod(meta["namespace"], expected)
@@ -407,9 +426,7 @@ async def check(ctx: Context, run: Mapping[str, Any]) -> None:
             return
         # What the pod says comes first: a run that ended while nobody watched ended so,
         # even if that was past the stale limit.
-        node = ctx.nodes.get((pod.get("spec") or {}).get("nodeName") or "")
-        said = classify(pod, node, now(), ctx.config.node_lost_grace)
-        await observe_pod(ctx, pod)
+        said = await observe_pod(ctx, pod)
         if said is not None and said.terminal:
             return
     # A pod that never starts never sets startedAt: count from the run's creation then.
@@ -424,20 +441,15 @@ async def check(ctx: Context, run: Mapping[str, Any]) -> None:
 async def _lost_pod_outcome(ctx: Context, run: Mapping[str, Any], attempt: int) -> Outcome:
     """The pod is gone. If the runner recorded how it ended, that stands; else PodLost."""
     recorded = await store.get_outcome(ctx.engine, run["metadata"]["uid"], attempt)
-    if recorded is not None and recorded.status == RunStatus.SUCCEEDED:
-        return Outcome(Phase.SUCCEEDED, Reason.SUCCEEDED, recorded.message or
-                       "The agent finished.")
-    if recorded is not None and recorded.status == RunStatus.FAILED:
-        return Outcome(Phase.FAILED, recorded.reason or Reason.AGENT_ERROR,
-                       recorded.message or "The runner failed.")
-    return Outcome(Phase.FAILED, Reason.POD_LOST,
-                   "The runner pod no longer exists and no outcome was recorded.")
+    return _recorded(recorded) or Outcome(
+        Phase.FAILED, Reason.POD_LOST,
+        "The runner pod no longer exists and no outcome was recorded.")
 
 
 async def _fill_unknown_tools(ctx: Context, run: Mapping[str, Any]) -> list[str] | None:
     """Counts the tools of a settled run whose tools were unknown; None if still unknown."""
     meta, status = run["metadata"], run.get("status") or {}
-    attempt = int(status.get("attempts") or 1)
+    attempt = current_attempt(status)
     try:
         # The store may never have heard of the end (it was down): settle it there now,
         # which fences the ledger and counts; else just read what it holds.
@@ -458,7 +470,7 @@ async def _fill_unknown_tools(ctx: Context, run: Mapping[str, Any]) -> list[str]
         "toolsExecuted": tools,
         "conditions": [*conditions, st.tools_condition(tools, now())]})
     events.post(run, "ToolsExecutedKnown",
-           f"The run store is readable again: tools executed: {', '.join(tools) or 'none'}.")
+                f"The run store is readable again: tools executed: {', '.join(tools) or 'none'}.")
     return tools
 
 
@@ -475,7 +487,7 @@ async def cancel(ctx: Context, run: Mapping[str, Any]) -> None:
     async with ctx.lock(meta["uid"]):
         fresh = await ctx.kube.read_run(meta["namespace"], meta["name"]) or run
         status = fresh.get("status") or {}
-        attempt = int(status.get("attempts") or 1)
+        attempt = current_attempt(status)
         tools: list[str] | None
         if status.get("phase") in Phase.TERMINAL:
             if "toolsExecuted" not in status or status["toolsExecuted"] is not None:

@@ -127,11 +127,11 @@ async def reconcile(ctx: Context, replay: Mapping[str, Any]) -> None:
                         new_name if decision.approved else None)
     _log(replay, decision, new_name if decision.approved else None)
     events.post(replay, decision.reason, decision.message
-           + (f" Created AgentRun {new_name}." if decision.approved else ""),
-           warning=not decision.approved)
+                + (f" Created AgentRun {new_name}." if decision.approved else ""),
+                warning=not decision.approved)
     if decision.approved and original is not None:
         events.post(original, "Replayed", f"AgentRunReplay {meta['name']} was approved "
-               f"({decision.reason}): AgentRun {new_name} runs it again on the same input.")
+                    f"({decision.reason}): AgentRun {new_name} runs it again on the same input.")
 
 
 async def _claim(
