@@ -1,20 +1,34 @@
-"""The Helm chart renders and the real API server accepts every object it renders."""
+"""The Helm chart renders, the real API server accepts every object it renders, and what it
+renders keeps the trust boundary: runner pods get no database credential and reach only the
+store API; the operator reads Secrets only where it watches; the admission policies are
+those of crds/."""
 
 from __future__ import annotations
 
+import base64
+import json
 import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from agentrun_devtools.controlplane import REPO, ControlPlane
 
 CHART = REPO / "charts" / "agentrun"
+NAMESPACE = "agentrun-system"
+STORE_URL = f"http://agentrun-store.{NAMESPACE}.svc:8080"
+Objects = dict[tuple[str, str, str | None], dict[str, Any]]
 
 
 def helm(plane: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(plane.bin / "helm"), *args], capture_output=True, text=True)
 
 
-def render(plane: ControlPlane, namespace: str = "agentrun-system", *sets: str) -> str:
+def render(plane: ControlPlane, namespace: str = NAMESPACE, *sets: str) -> str:
     done = helm(plane, "template", "agentrun", str(CHART), "--namespace", namespace,
                 "--kube-version", "v1.37.2", "--include-crds",
                 *[a for s in sets for a in ("--set", s)])
@@ -22,26 +36,42 @@ def render(plane: ControlPlane, namespace: str = "agentrun-system", *sets: str) 
     return done.stdout
 
 
+def objects(plane: ControlPlane, *sets: str) -> Objects:
+    """The rendered objects by (kind, name, namespace)."""
+    docs = [d for d in yaml.safe_load_all(render(plane, NAMESPACE, *sets)) if d]
+    return {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")): d for d in docs}
+
+
+def container(found: Objects, deployment: str) -> dict[str, Any]:
+    spec = found[("Deployment", deployment, NAMESPACE)]["spec"]["template"]["spec"]
+    first: dict[str, Any] = spec["containers"][0]
+    return first
+
+
 def test_chart_lints(control_plane: ControlPlane) -> None:
-    done = helm(control_plane, "lint", str(CHART), "--namespace", "agentrun-system",
+    done = helm(control_plane, "lint", str(CHART), "--namespace", NAMESPACE,
                 "--kube-version", "v1.37.2", "--set", "postgres.enabled=true")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("values", [
-    ("postgres.enabled=true", "networkPolicy.enabled=true"),
-    ("database.url=postgresql+psycopg://u@db:5432/agentrun", "operator.namespaces={a,b}"),
+    ("postgres.enabled=true", "networkPolicy.enabled=true",
+     "runner.allowedImages={registry.example.com/agents/*}"),
+    ("database.url=postgresql+psycopg://u@db:5432/agentrun", "operator.namespaces={a,b}",
+     "operator.allowScriptedModel=true", "storeApi.replicas=1"),
 ])
 def test_rendered_objects_are_accepted_by_the_api_server(
         crds: ControlPlane, values: tuple[str, ...]) -> None:
-    crds.kubectl("create", "namespace", "agentrun-system", check=False)
-    manifest = render(crds, "agentrun-system", *values)
-    done = crds.kubectl("apply", "--dry-run=server", "-n", "agentrun-system", "-f", "-",
-                        input=manifest, check=False)
+    for namespace in (NAMESPACE, "a", "b"):
+        crds.kubectl("create", "namespace", namespace, check=False)
+    manifest = render(crds, NAMESPACE, *values)
+    done = crds.kubectl("apply", "--dry-run=server", "-f", "-", input=manifest, check=False)
     assert done.returncode == 0, done.stderr
-    for kind in ("deployment.apps/agentrun-operator", "clusterrole.rbac.authorization.k8s.io/"
+    for kind in ("deployment.apps/agentrun-operator", "deployment.apps/agentrun-store",
+                 "service/agentrun-store", "clusterrole.rbac.authorization.k8s.io/"
                  "agentrun-replay-forcer", "validatingadmissionpolicy.admissionregistration"
-                 ".k8s.io/agentrun-force-replay"):
+                 ".k8s.io/agentrun-force-replay", "validatingadmissionpolicy."
+                 "admissionregistration.k8s.io/agentrun-run-references"):
         assert kind in done.stdout
 
 
@@ -51,6 +81,265 @@ def test_chart_refuses_another_namespace_and_a_missing_store(control_plane: Cont
     assert elsewhere.returncode != 0
     assert "install agentrun into the namespace agentrun-system" in elsewhere.stderr
     no_store = helm(control_plane, "template", "agentrun", str(CHART), "--namespace",
-                    "agentrun-system", "--kube-version", "v1.37.2")
+                    NAMESPACE, "--kube-version", "v1.37.2")
     assert no_store.returncode != 0
     assert "agentrun needs a durable run store" in no_store.stderr
+
+
+def test_the_chart_ships_the_policies_and_roles_of_crds_unchanged(
+        control_plane: ControlPlane) -> None:
+    """`make install` (crds/) and `helm install` give a cluster the same admission rules."""
+    shipped = {p.name: p for p in [*(CHART / "templates").iterdir(), *(CHART / "crds").iterdir()]}
+    for source in sorted((REPO / "crds").glob("*.yaml")):
+        assert source.name in shipped, f"the chart does not ship crds/{source.name}"
+        assert shipped[source.name].read_bytes() == source.read_bytes(), source.name
+
+
+# -- the store API and the operator ----------------------------------------------------------
+
+
+def test_the_store_api_is_its_own_deployment_service_and_rights(
+        control_plane: ControlPlane) -> None:
+    found = objects(control_plane, "postgres.enabled=true")
+
+    deployment = found[("Deployment", "agentrun-store", NAMESPACE)]
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "agentrun-store"
+    store = container(found, "agentrun-store")
+    assert store["image"] == container(found, "agentrun-operator")["image"]
+    assert store["command"] == ["agentrun-store-api"]
+    assert "--listen=0.0.0.0:8080" in store["args"]
+    assert "--audience=agentrun.dev/store" in store["args"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert store[probe]["httpGet"]["path"] == "/healthz"
+    assert store["securityContext"] == container(found, "agentrun-operator")["securityContext"]
+    assert store["resources"]["limits"]["memory"]
+    # It reads the database URL the way the operator does.
+    assert [e for e in store["env"] if e["name"] == "DATABASE_URL"] == [
+        e for e in container(found, "agentrun-operator")["env"] if e["name"] == "DATABASE_URL"]
+
+    service = found[("Service", "agentrun-store", NAMESPACE)]["spec"]
+    assert [p["port"] for p in service["ports"]] == [8080]
+    assert service["selector"] == deployment["spec"]["selector"]["matchLabels"]
+
+    delegator = found[("ClusterRoleBinding", "agentrun-store-auth-delegator", None)]
+    assert delegator["roleRef"]["name"] == "system:auth-delegator"
+    assert delegator["subjects"] == [
+        {"kind": "ServiceAccount", "name": "agentrun-store", "namespace": NAMESPACE}]
+    assert found[("ClusterRole", "agentrun-store", None)]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+
+
+def test_the_operator_sends_runners_to_the_store_api_and_holds_no_runner_secret(
+        control_plane: ControlPlane) -> None:
+    found = objects(control_plane, "postgres.enabled=true")
+
+    args = container(found, "agentrun-operator")["args"]
+    assert "--store-api-listen=" in args
+    assert f"--store-api-url={STORE_URL}" in args
+    assert "--allow-scripted-model" not in args
+    assert not [a for a in args if a.startswith("--database-secret")]
+    # No Secret for runners, in any namespace; the database URL is read by two pods only.
+    assert not [k for k in found if k[0] == "Secret" and k[1] == "agentrun-store"]
+    readers = [k[:2] for k, d in found.items() if {"name": "agentrun-postgres", "key": "url"}
+               in _secret_key_refs(d)]
+    assert sorted(readers) == [("Deployment", "agentrun-operator"),
+                               ("Deployment", "agentrun-store")]
+
+    scripted = objects(control_plane, "postgres.enabled=true", "operator.allowScriptedModel=true")
+    assert "--allow-scripted-model" in container(scripted, "agentrun-operator")["args"]
+
+
+def _secret_key_refs(tree: Any) -> list[Any]:
+    """Every secretKeyRef anywhere in a rendered object."""
+    if isinstance(tree, dict):
+        return [v for k, v in tree.items() if k == "secretKeyRef"] + [
+            r for v in tree.values() for r in _secret_key_refs(v)]
+    if isinstance(tree, list):
+        return [r for v in tree for r in _secret_key_refs(v)]
+    return []
+
+
+def _reads_secrets(role: dict[str, Any]) -> bool:
+    return any("secrets" in r.get("resources", []) and "get" in r.get("verbs", [])
+               for r in role.get("rules", []))
+
+
+def test_the_operator_reads_secrets_cluster_wide_only_when_it_watches_everything(
+        control_plane: ControlPlane) -> None:
+    everywhere = objects(control_plane, "postgres.enabled=true")
+    assert [k[1] for k, d in everywhere.items() if k[0] == "ClusterRole" and _reads_secrets(d)] == [
+        "agentrun-operator-inputs"]
+
+    listed = objects(control_plane, "postgres.enabled=true", "operator.namespaces={team-a,team-b}")
+    assert not [k for k, d in listed.items() if k[0] == "ClusterRole" and _reads_secrets(d)]
+    for namespace in ("team-a", "team-b"):
+        assert _reads_secrets(listed[("Role", "agentrun-operator-inputs", namespace)])
+        binding = listed[("RoleBinding", "agentrun-operator-inputs", namespace)]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "agentrun-operator", "namespace": NAMESPACE}]
+        # The store API reads pods there, and nowhere else.
+        assert listed[("Role", "agentrun-store", namespace)]["rules"] == [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+    assert ("ClusterRole", "agentrun-store", None) not in listed
+    assert "--namespace=team-a" in container(listed, "agentrun-store")["args"]
+
+
+# -- NetworkPolicies -------------------------------------------------------------------------
+
+
+def test_network_policies_let_only_runners_reach_the_store_and_nothing_else_reach_postgres(
+        control_plane: ControlPlane) -> None:
+    found = objects(control_plane, "postgres.enabled=true")  # networkPolicy.enabled by default
+
+    postgres = found[("NetworkPolicy", "agentrun-postgres", NAMESPACE)]["spec"]
+    [rule] = postgres["ingress"]
+    assert rule["ports"] == [{"port": 5432}]
+    [peer] = rule["from"]
+    assert "namespaceSelector" not in peer  # the release namespace only
+    assert {"key": "app.kubernetes.io/component", "operator": "In",
+            "values": ["operator", "store-api"]} in peer["podSelector"]["matchExpressions"]
+
+    store = found[("NetworkPolicy", "agentrun-store", NAMESPACE)]["spec"]
+    assert store["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "store-api"
+    runners = store["ingress"][0]
+    assert runners["ports"] == [{"port": 8080}]
+    assert runners["from"] == [{"namespaceSelector": {}, "podSelector": {
+        "matchExpressions": [{"key": "agentrun.dev/run", "operator": "Exists"}]}}]
+    # Anything else that may connect does so on the metrics port only.
+    assert [r["ports"] for r in store["ingress"][1:]] == [[{"port": 9090}]]
+
+    operator = found[("NetworkPolicy", "agentrun-operator", NAMESPACE)]["spec"]
+    assert operator["ingress"] == [{"ports": [{"port": 9090}]}]
+
+    off = objects(control_plane, "postgres.enabled=true", "networkPolicy.enabled=false")
+    assert not [k for k in off if k[0] == "NetworkPolicy"]
+
+
+# -- the image allow-list --------------------------------------------------------------------
+
+ALLOWED = "runner.allowedImages={registry.example.com/agents/*,tools/runner:1.2}"
+
+
+def _run(name: str, image: str | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"agent": "support-agent", "input": {"text": "hello"}}
+    if image is not None:
+        spec["image"] = image
+    return {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun",
+            "metadata": {"name": name}, "spec": spec}
+
+
+def _dry_run(plane: ControlPlane, namespace: str, manifest: dict[str, Any]
+             ) -> subprocess.CompletedProcess[str]:
+    return plane.kubectl("apply", "--server-side", "--dry-run=server", "-n", namespace,
+                         "-f", "-", input=json.dumps(manifest), check=False)
+
+
+@pytest.fixture
+def allow_list(crds: ControlPlane) -> Iterator[ControlPlane]:
+    """The chart's allow-list policy, as rendered, in force on the control plane; removed,
+    and no longer in force, afterwards (other tests choose their images freely)."""
+    found = objects(crds, "postgres.enabled=true", ALLOWED)
+    rendered = [found[(kind, "agentrun-allowed-images", None)] for kind in (
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
+    manifest = "---\n".join(yaml.safe_dump(d) for d in rendered)
+    crds.kubectl("create", "namespace", "allow-list", check=False)
+    crds.kubectl("apply", "-f", "-", input=manifest)
+    _until(lambda: "agentrun-allowed-images" in _dry_run(
+        crds, "allow-list", _run("probe", "elsewhere/x:1")).stderr, "enforced")
+    try:
+        yield crds
+    finally:
+        crds.kubectl("delete", "-f", "-", input=manifest, check=False)
+        _until(lambda: _dry_run(crds, "allow-list", _run("probe", "elsewhere/x:1")).returncode
+               == 0, "no longer enforced")
+
+
+def _until(condition: Callable[[], bool], what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"agentrun-allowed-images not {what} in {timeout}s"
+        time.sleep(0.5)
+
+
+def test_without_an_allow_list_no_policy_is_rendered(control_plane: ControlPlane) -> None:
+    found = objects(control_plane, "postgres.enabled=true")
+    assert ("ValidatingAdmissionPolicy", "agentrun-allowed-images", None) not in found
+
+
+def test_an_image_outside_the_allow_list_is_refused(allow_list: ControlPlane) -> None:
+    done = _dry_run(allow_list, "allow-list", _run("triage-42", "docker.io/someone/runner:1"))
+
+    assert done.returncode != 0
+    assert (
+        "ValidatingAdmissionPolicy 'agentrun-allowed-images' with binding"
+        " 'agentrun-allowed-images' denied request: AgentRun spec.image"
+        " docker.io/someone/runner:1 is not one of the runner images this cluster allows"
+        " (registry.example.com/agents/*, tools/runner:1.2, agentrun/runner:dev; an entry"
+        " ending in * is a prefix); leave spec.image unset for the default runner image, or"
+        " ask a cluster admin to add it to the chart value runner.allowedImages"
+    ) in done.stderr
+    # A prefix is not a substring: the tag must be the listed one exactly.
+    assert _dry_run(allow_list, "allow-list", _run("t", "tools/runner:1.20")).returncode != 0
+
+
+@pytest.mark.parametrize("image", [
+    "registry.example.com/agents/support:7", "tools/runner:1.2", "agentrun/runner:dev", None,
+], ids=["prefix", "exact", "the-default-runner-image", "no-image"])
+def test_an_allowed_image_or_none_is_accepted(allow_list: ControlPlane, image: str | None
+                                             ) -> None:
+    done = _dry_run(allow_list, "allow-list", _run("triage-42", image))
+    assert done.returncode == 0, done.stderr
+
+
+# -- a real install and upgrade ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bare_plane(control_plane: ControlPlane) -> Iterator[ControlPlane]:
+    """A control plane of its own: the session's already holds the cluster-scoped objects of
+    crds/ (installed by kubectl), which helm refuses to take over. Nothing needs a node: the
+    objects only have to exist."""
+    plane = ControlPlane(Path(tempfile.mkdtemp(prefix="agentrun-helm-")), bin_dir=control_plane.bin,
+                         controller_manager=False, scheduler=False).start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+def _helm_on(plane: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
+    done = helm(plane, *args, "--kubeconfig", str(plane.kubeconfig), "--namespace", NAMESPACE)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def _postgres_secret(plane: ControlPlane) -> dict[str, str]:
+    found = json.loads(plane.kubectl("get", "secret", "agentrun-postgres", "-n", NAMESPACE,
+                                     "-o", "json").stdout)
+    return {k: base64.b64decode(v).decode() for k, v in found["data"].items()}
+
+
+def test_the_generated_postgres_password_is_kept_across_upgrades_and_reinstalls(
+        bare_plane: ControlPlane) -> None:
+    _helm_on(bare_plane, "install", "agentrun", str(CHART), "--create-namespace",
+             "--set", "postgres.enabled=true")
+    first = _postgres_secret(bare_plane)
+    assert len(first["password"]) == 32 and first["password"] != "agentrun"
+    assert f":{first['password']}@agentrun-postgres.{NAMESPACE}.svc:5432/" in first["url"]
+
+    _helm_on(bare_plane, "upgrade", "agentrun", str(CHART), "--set", "postgres.enabled=true",
+             "--set", "storeApi.replicas=3")
+    assert _postgres_secret(bare_plane) == first
+    assert json.loads(bare_plane.kubectl(
+        "get", "deployment", "agentrun-store", "-n", NAMESPACE, "-o", "json").stdout
+    )["spec"]["replicas"] == 3
+
+    # The data volume outlives an uninstall; so does the password that opens it.
+    _helm_on(bare_plane, "uninstall", "agentrun", "--wait")
+    assert _postgres_secret(bare_plane) == first
+    _helm_on(bare_plane, "install", "agentrun", str(CHART), "--set", "postgres.enabled=true")
+    assert _postgres_secret(bare_plane) == first
+
+    _helm_on(bare_plane, "uninstall", "agentrun", "--wait")
+    bare_plane.kubectl("delete", "secret", "agentrun-postgres", "-n", NAMESPACE)

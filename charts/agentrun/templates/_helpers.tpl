@@ -5,10 +5,27 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
-{{- define "agentrun.databaseURL" -}}
-{{- if .Values.database.url -}}
-{{ .Values.database.url }}
-{{- else if .Values.postgres.enabled -}}
-postgresql+psycopg://agentrun:{{ .Values.postgres.password }}@agentrun-postgres.{{ .Release.Namespace }}.svc:5432/agentrun
-{{- end -}}
+{{/*
+The run store's URL as an env var of the operator and the store API, the only two
+processes that hold it: database.existingSecret, else the Secret made from database.url,
+else the trial Postgres's Secret (postgres.yaml).
+*/}}
+{{- define "agentrun.databaseEnv" -}}
+- name: DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      {{- if .Values.database.existingSecret }}
+      name: {{ .Values.database.existingSecret }}
+      key: {{ .Values.database.existingSecretKey }}
+      {{- else if .Values.database.url }}
+      name: agentrun-database
+      key: url
+      {{- else }}
+      name: agentrun-postgres
+      key: url
+      {{- end }}
+{{- end }}
+
+{{- define "agentrun.storeAPIURL" -}}
+http://agentrun-store.{{ .Release.Namespace }}.svc:8080
 {{- end }}
