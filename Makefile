@@ -67,6 +67,10 @@ uninstall: ## remove the CRDs and the admission policy from the current kube con
 # agentrun:operators, which the admission policy lets set spec.replayOf.
 RUN_KUBECONFIG ?= $(or $(KUBECONFIG),$(wildcard $(LOCAL)/operator.kubeconfig))
 
+# `make run` is a development target: the scripted model (samples/agentrun-scripted.yaml)
+# is on. The chart leaves it off (operator.allowScriptedModel).
+RUN_ARGS ?= --allow-scripted-model
+
 .PHONY: run
 run: venv ## run the operator in the foreground against the current kube context
 	@echo "agentrun-operator with KUBECONFIG=$(or $(RUN_KUBECONFIG),~/.kube/config)"

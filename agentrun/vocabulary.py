@@ -47,6 +47,10 @@ class Reason:
     RATE_LIMITED_AFTER_TOOL_CALL: Final = "RateLimitedAfterToolCall"
     AGENT_ERROR: Final = "AgentError"
     STALE: Final = "Stale"
+    # Refused at launch, before any pod: no tool can have run (toolsExecuted []).
+    MODEL_NOT_ALLOWED: Final = "ModelNotAllowed"
+    SESSION_BUSY: Final = "SessionBusy"
+    SESSION_NOT_OWNED: Final = "SessionNotOwned"
     # Non-failures.
     CREATED: Final = "Created"
     POD_CREATED: Final = "PodCreated"
@@ -126,8 +130,21 @@ DEFAULT_TOLERATION_SECONDS: Final = 30
 # The scripted model (deterministic, offline runs) and where it reads its script.
 SCRIPTED_MODEL: Final = "scripted"
 ENV_SCRIPT: Final = "AGENTRUN_SCRIPT"
-# Store location, for the operator and every runner.
+# Store location, for the operator and the store API (never for runners: they hold no
+# database credential and reach the store through the store API).
 ENV_DATABASE_URL: Final = "DATABASE_URL"
+# The audience of the projected ServiceAccount token a runner presents to the store API:
+# its own, so that the token is worth nothing to the Kubernetes API server (and a token
+# for the API server is worth nothing to the store API).
+STORE_AUDIENCE: Final = "agentrun.dev/store"
+# Where the runner pod's projected store token is mounted, and its file name.
+STORE_TOKEN_DIR: Final = "/var/run/secrets/agentrun.dev/store"
+STORE_TOKEN_FILE: Final = "token"
+# The projected token's lifetime; the kubelet refreshes it at 80% of that.
+STORE_TOKEN_SECONDS: Final = 3600
+# What TokenReview puts in `extra` for a token bound to a pod.
+TOKEN_EXTRA_POD_NAME: Final = "authentication.kubernetes.io/pod-name"
+TOKEN_EXTRA_POD_UID: Final = "authentication.kubernetes.io/pod-uid"
 
 
 class RunnerEnv:
@@ -144,6 +161,12 @@ class RunnerEnv:
     INPUT_DIGEST: Final = "AGENTRUN_INPUT_DIGEST"
     TRIGGER: Final = "AGENTRUN_TRIGGER"
     AGENTS_DIR: Final = "AGENTRUN_AGENTS_DIR"
+    # The store API (URL) and the projected token file the runner presents to it.
+    STORE_URL: Final = "AGENTRUN_STORE_URL"
+    STORE_TOKEN_FILE: Final = "AGENTRUN_STORE_TOKEN_FILE"
+    # "true" only when the operator runs with --allow-scripted-model; set last, after the
+    # user's env, so that a run cannot turn it on for itself.
+    ALLOW_SCRIPTED_MODEL: Final = "AGENTRUN_ALLOW_SCRIPTED_MODEL"
 
 
 class RunnerExit:

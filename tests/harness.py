@@ -38,7 +38,10 @@ class Operator:
                "DATABASE_URL": self.store_url}
         self.child = Child(
             "operator",
-            [str(Path(sys.executable).parent / "agentrun-operator"), *self.args],
+            # The tests drive runs with the scripted model, which an operator honours
+            # only when told to.
+            [str(Path(sys.executable).parent / "agentrun-operator"), "--allow-scripted-model",
+             *self.args],
             self.log_dir / f"operator-{self.starts}.log", env=env)
         marker = "event=started"
 

@@ -33,19 +33,27 @@ Runs and attempts (status: vocabulary.RunStatus)
     await set_tools_executed(engine, uid, attempt, tools) -> bool         fills NULL only
     await get_run(engine, uid) -> Run | None
     await get_attempt(engine, uid, attempt) -> Attempt | None
+    await attempt_identity(engine, uid, attempt) -> AttemptIdentity | None   store API
 
 Tools
     await tools_executed(engine, uid, attempt) -> list[str] | None
         the ledger and the attempt's session function calls, in call order; None = unknown
     await ledger(engine, uid) -> list[LedgerEntry]     by attempt, then call order
-    await open_call(...) / close_call(...)             the runner's write-ahead ledger
+    await open_call(...) / close_call(...) -> bool     the runner's write-ahead ledger
+        (close_call closes only an open row: a finished one is never rewritten)
 
 Replays (approved AgentRunReplays; at most one non-forced approval per run, atomically)
     await approve_replay(engine, uid=, namespace=, name=, run_uid=, run_name=, forced=,
                          reason=, message=, replay_run_name=, tools_executed=) -> Claim
         granted, or the other replay's approval that holds the run's one non-forced slot
     await get_replay_approval(engine, replay_uid) -> ReplayApproval | None
+    await approval_of_replay_run(engine, namespace, replay_run_name) -> ReplayApproval | None
     await replays_of(engine, run_uid) -> list[ReplayApproval]
+
+Sessions (ADK app names are qualified by namespace: session_app(namespace, agent))
+    await claim_session(engine, namespace=, session_id=, agent=, user_id=, run_uid=)
+        -> SessionClaim: the first run owns a session for its agent and user; one live
+        run at a time
 
 Retention
     await purge_old_events(engine, older_than=90 days, batch=1000) -> int
@@ -64,7 +72,6 @@ from agentrun.store.engine import (
     make_engine,
     redact,
     session_service_url,
-    shared_engine,
 )
 from agentrun.store.inputs import Input, delete_input, get_input, input_digest, put_input
 from agentrun.store.ledger import (
@@ -83,6 +90,7 @@ from agentrun.store.replays import (
     Claim,
     ReplayApproval,
     ReplayRace,
+    approval_of_replay_run,
     approve_replay,
     get_replay_approval,
     replays_of,
@@ -90,10 +98,12 @@ from agentrun.store.replays import (
 from agentrun.store.retention import purge_old_events
 from agentrun.store.runs import (
     Attempt,
+    AttemptIdentity,
     Outcome,
     Run,
     RunNotRecorded,
     Settled,
+    attempt_identity,
     begin_attempt,
     get_attempt,
     get_outcome,
@@ -106,9 +116,11 @@ from agentrun.store.runs import (
     settle_counting,
     start_attempt,
 )
+from agentrun.store.sessions import SessionClaim, claim_session, session_app
 
 __all__ = [
     "Attempt",
+    "AttemptIdentity",
     "AttemptSettled",
     "Claim",
     "Input",
@@ -119,14 +131,18 @@ __all__ = [
     "ReplayRace",
     "Run",
     "RunNotRecorded",
+    "SessionClaim",
     "Settled",
     "StoreMemoryService",
     "StoreNotReady",
+    "approval_of_replay_run",
     "approve_replay",
     "args_digest",
     "async_url",
+    "attempt_identity",
     "begin_attempt",
     "check_schema",
+    "claim_session",
     "close_call",
     "delete_input",
     "get_attempt",
@@ -151,11 +167,11 @@ __all__ = [
     "record_side_effect",
     "redact",
     "replays_of",
+    "session_app",
     "session_service_url",
     "set_tools_executed",
     "settle",
     "settle_counting",
-    "shared_engine",
     "start_attempt",
     "tools_executed",
 ]

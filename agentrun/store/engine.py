@@ -7,14 +7,11 @@ in the store is async, so URLs are normalised to the async driver of the same da
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-
-from agentrun.vocabulary import ENV_DATABASE_URL
 
 DEFAULT_POOL_SIZE = 3
 DEFAULT_MAX_OVERFLOW = 2
@@ -128,21 +125,3 @@ def is_sqlite(engine: AsyncEngine) -> bool:
 
 def is_postgres(engine: AsyncEngine) -> bool:
     return engine.dialect.name == "postgresql"
-
-
-_shared: dict[str, AsyncEngine] = {}
-
-
-def shared_engine(url: str | None = None) -> AsyncEngine:
-    """The process-wide engine for `url` (default: $DATABASE_URL).
-
-    The runner and the sample agents' tools share it so that a runner pod holds one small
-    pool. Async engines belong to one event loop: the runner has exactly one.
-    """
-    target = url or os.environ.get(ENV_DATABASE_URL, "")
-    if not is_durable(target):
-        raise UnsupportedStoreURL(f"{ENV_DATABASE_URL} does not name a durable store")
-    engine = _shared.get(target)
-    if engine is None:
-        engine = _shared[target] = make_engine(target)
-    return engine

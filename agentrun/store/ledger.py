@@ -88,18 +88,23 @@ async def open_call(
             )
 
 
-async def close_call(engine: AsyncEngine, uid: str, attempt: int, seq: int, outcome: str) -> None:
-    """Marks a ledger row finished with its outcome (vocabulary.LedgerOutcome)."""
+async def close_call(engine: AsyncEngine, uid: str, attempt: int, seq: int, outcome: str) -> bool:
+    """Marks an open ledger row finished with its outcome (vocabulary.LedgerOutcome).
+
+    Only an open row: a finished one is never rewritten. Returns whether a row was closed.
+    """
     async with engine.begin() as conn:
-        await conn.execute(
+        result = await conn.execute(
             update(tool_calls)
             .where(
                 tool_calls.c.run_uid == uid,
                 tool_calls.c.attempt == attempt,
                 tool_calls.c.seq == seq,
+                tool_calls.c.finished_at.is_(None),
             )
             .values(finished_at=datetime.now(UTC), outcome=outcome)
         )
+    return result.rowcount == 1
 
 
 async def ledger(engine: AsyncEngine, uid: str) -> list[LedgerEntry]:

@@ -126,3 +126,20 @@ async def replays_of(engine: AsyncEngine, run_uid: str) -> list[ReplayApproval]:
             select(replays).where(replays.c.run_uid == run_uid)
             .order_by(replays.c.decided_at, replays.c.uid))
         return [_approval(r) for r in rows]
+
+
+async def approval_of_replay_run(
+    engine: AsyncEngine, namespace: str, replay_run_name: str
+) -> ReplayApproval | None:
+    """The approval that created the replay run `namespace/replay_run_name`, if any.
+
+    A replay run's input is the original's snapshot: the operator finds it through this
+    record (which only the operator writes), never through anything on the AgentRun that
+    a user could edit before the run starts.
+    """
+    async with engine.connect() as conn:
+        row = (await conn.execute(
+            select(replays).where(replays.c.namespace == namespace,
+                                  replays.c.replay_run_name == replay_run_name)
+            .order_by(replays.c.decided_at.desc()).limit(1))).one_or_none()
+    return None if row is None else _approval(row)

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from agentrun.store.dialect import upsert_insert
 from agentrun.store.ledger import UNREADABLE, tools_on
 from agentrun.store.schema import attempts, runs
+from agentrun.store.sessions import session_app
 from agentrun.vocabulary import RunStatus
 
 
@@ -154,14 +155,16 @@ async def start_attempt(
     now = _now()
     async with engine.begin() as conn:
         run = (
-            await conn.execute(select(runs.c.agent, runs.c.user_id).where(runs.c.uid == uid))
+            await conn.execute(
+                select(runs.c.namespace, runs.c.agent, runs.c.user_id).where(runs.c.uid == uid))
         ).one_or_none()
         if run is None:
             raise RunNotRecorded(f"run {uid} was never recorded (record_run first)")
         await conn.execute(
             upsert_insert(conn, attempts)
             .values(
-                run_uid=uid, attempt=attempt, pod_name=pod_name, app_name=run.agent,
+                run_uid=uid, attempt=attempt, pod_name=pod_name,
+                app_name=session_app(run.namespace, run.agent),
                 user_id=run.user_id, session_id=session_id, status=RunStatus.PENDING,
                 started_at=now,
             )
@@ -188,8 +191,9 @@ async def start_attempt(
 async def begin_attempt(
     engine: AsyncEngine, uid: str, attempt: int, app_name: str, user_id: str, session_id: str
 ) -> None:
-    """The runner's first write: which ADK session this attempt uses. Creates the attempt
-    row when no operator did (a runner started by hand in development)."""
+    """The runner's first write (through the store API, which passes the values the
+    operator recorded): which ADK session this attempt uses. Creates the attempt row when
+    no operator did (store tests)."""
     now = _now()
     async with engine.begin() as conn:
         stmt = upsert_insert(conn, attempts).values(
@@ -397,3 +401,36 @@ async def get_attempt(engine: AsyncEngine, uid: str, attempt: int) -> Attempt | 
         result = await conn.execute(select(attempts).where(*_attempt_key(uid, attempt)))
         row = result.one_or_none()
     return None if row is None else _attempt(row)
+
+
+@dataclass(frozen=True)
+class AttemptIdentity:
+    """Who an attempt is, for the store API: its run, its pod and session, and whether it
+    is still live (one read per runner request)."""
+
+    namespace: str
+    run_name: str
+    agent: str
+    user_id: str
+    input_digest: str | None
+    pod_name: str | None
+    app_name: str | None
+    session_id: str | None
+    status: str
+
+
+async def attempt_identity(engine: AsyncEngine, uid: str, attempt: int) -> AttemptIdentity | None:
+    async with engine.connect() as conn:
+        row = (await conn.execute(
+            select(runs.c.namespace, runs.c.name, runs.c.agent, runs.c.user_id,
+                   runs.c.input_digest, attempts.c.pod_name, attempts.c.app_name,
+                   attempts.c.session_id, attempts.c.status)
+            .join(attempts, attempts.c.run_uid == runs.c.uid)
+            .where(*_attempt_key(uid, attempt))
+        )).one_or_none()
+    if row is None:
+        return None
+    return AttemptIdentity(
+        namespace=row.namespace, run_name=row.name, agent=row.agent, user_id=row.user_id,
+        input_digest=row.input_digest, pod_name=row.pod_name, app_name=row.app_name,
+        session_id=row.session_id, status=row.status)

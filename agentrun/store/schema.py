@@ -207,6 +207,25 @@ replays = Table(
     Column("tools_executed", NullableJSON),
     Column("decided_at", UTCDateTime, nullable=False),
     Index(None, "run_uid"),
+    # A replay run finds its approval (and so the original's input snapshot) by name.
+    Index(None, "namespace", "replay_run_name"),
+)
+
+# Who may use an ADK session. Sessions are named by the namespace and the session id: the
+# first run to use one owns it for its (agent, user); chat turns of the same namespace,
+# agent and user continue it, anyone else is refused. `holder_run_uid` is the run using
+# it now: a second live run on one session is refused (SessionBusy) instead of being left
+# to ADK's stale-session error halfway through a turn.
+session_owners = Table(
+    "session_owners",
+    metadata,
+    Column("namespace", String(253), primary_key=True),
+    Column("session_id", String(253), primary_key=True),
+    Column("agent", String(253), nullable=False),
+    Column("user_id", String(253), nullable=False),
+    Column("owner_run_uid", String(64), nullable=False),
+    Column("holder_run_uid", String(64)),
+    Column("updated_at", UTCDateTime, nullable=False),
 )
 
 OUR_TABLES = frozenset(t.name for t in metadata.sorted_tables)

@@ -169,9 +169,12 @@ class Demo:
                 return
         env = {**self.env, "KUBECONFIG": str(self.paths.operator_kubeconfig)}
         with open(log, "w") as out:
+            # The demo's runs use the scripted model, which the operator honours only
+            # when told to (the chart leaves it off).
             process = subprocess.Popen(
-                [str(VENV_BIN / "agentrun-operator")], stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                [str(VENV_BIN / "agentrun-operator"), "--allow-scripted-model"], stdout=out,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True)
         pid_file.write_text(str(process.pid))
 
         def started() -> bool:

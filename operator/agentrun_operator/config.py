@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentrun.vocabulary import DEFAULT_STALE_SECONDS, DEFAULT_TOLERATION_SECONDS
+from agentrun.vocabulary import DEFAULT_STALE_SECONDS, DEFAULT_TOLERATION_SECONDS, STORE_AUDIENCE
 
 REPO = Path(__file__).resolve().parents[2]
 # The embedded default store of the development cluster.
@@ -20,11 +20,15 @@ class OperatorConfig:
     """What the operator needs to know besides the cluster's own objects."""
 
     database_url: str = DEV_DATABASE_URL
-    # Where runner pods read DATABASE_URL from: a Secret in the run's namespace
-    # (name/key), or, when unset, the operator's own URL as a plain env value (the
-    # development cluster, where runners are local processes).
-    database_secret: str | None = None
-    database_secret_key: str = "url"
+    # The store API, which runner pods use instead of a database credential: served in
+    # this process on `store_api_listen` (the development cluster; "" = not here), and
+    # reached by runners at `store_api_url` (default: where this process serves it).
+    store_api_listen: str = "127.0.0.1:0"
+    store_api_url: str = ""
+    store_api_audience: str = STORE_AUDIENCE
+    # The scripted model lets whoever creates a run choose every tool call: off unless
+    # asked for (development clusters, tests, the demo).
+    allow_scripted_model: bool = False
     runner_image: str = "agentrun/runner:dev"
     runner_command: tuple[str, ...] = ("agentrun-runner",)
     runner_service_account: str = "agentrun-runner"
@@ -54,11 +58,20 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
     p.add_argument("--database-url", default=_env("DATABASE_URL", DEV_DATABASE_URL),
                    help="SQLAlchemy URL of the run store (env DATABASE_URL; default: the "
                         "development cluster's SQLite file .local/agentrun.db)")
-    p.add_argument("--database-secret", default=os.environ.get("AGENTRUN_DATABASE_SECRET"),
-                   help="Secret (in each run's namespace) whose key holds the store URL for "
-                        "runner pods (env AGENTRUN_DATABASE_SECRET; default: pass the "
-                        "operator's URL as a plain value)")
-    p.add_argument("--database-secret-key", default=_env("AGENTRUN_DATABASE_SECRET_KEY", "url"))
+    p.add_argument("--store-api-listen", default=_env("AGENTRUN_STORE_API_LISTEN", "127.0.0.1:0"),
+                   help="serve the store API for runner pods in this process on HOST:PORT "
+                        "(port 0: any free one; empty: not here, a separate "
+                        "agentrun-store-api serves it)")
+    p.add_argument("--store-api-url", default=_env("AGENTRUN_STORE_API_URL", ""),
+                   help="the store API's URL as runner pods reach it (default: where this "
+                        "process serves it)")
+    p.add_argument("--store-api-audience", default=_env("AGENTRUN_STORE_AUDIENCE",
+                                                        STORE_AUDIENCE),
+                   help="the audience of the runner pods' projected store tokens")
+    p.add_argument("--allow-scripted-model", action="store_true",
+                   default=_env("AGENTRUN_ALLOW_SCRIPTED_MODEL", "") == "true",
+                   help="honour spec.model: scripted (whoever creates a run then chooses "
+                        "its tool calls; development clusters and tests only)")
     p.add_argument("--runner-image", default=_env("AGENTRUN_RUNNER_IMAGE", "agentrun/runner:dev"))
     p.add_argument("--runner-command", default=_env("AGENTRUN_RUNNER_COMMAND", "agentrun-runner"),
                    help="the runner pod's command, space-separated")
@@ -88,11 +101,16 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
                    help="ADK session events older than this are purged daily, in batches "
                         "(0: never); sessions keep their shell, the ledger is kept")
     a = p.parse_args(argv)
+    if not a.store_api_listen and not a.store_api_url:
+        p.error("runner pods need the store API: give --store-api-listen (serve it here) "
+                "or --store-api-url (where agentrun-store-api serves it)")
     grace = a.node_lost_grace if a.node_lost_grace >= 0 else float(a.toleration_seconds)
     return OperatorConfig(
         database_url=a.database_url,
-        database_secret=a.database_secret or None,
-        database_secret_key=a.database_secret_key,
+        store_api_listen=a.store_api_listen,
+        store_api_url=a.store_api_url,
+        store_api_audience=a.store_api_audience,
+        allow_scripted_model=a.allow_scripted_model,
         runner_image=a.runner_image,
         runner_command=tuple(a.runner_command.split()),
         runner_service_account=a.runner_service_account,

@@ -7,6 +7,7 @@ configuration), and stay a few lines each: the work is in lifecycle.py and repla
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Any
 
@@ -22,7 +23,7 @@ from agentrun.vocabulary import (
     VERSION,
     Phase,
 )
-from agentrun_operator import lifecycle, metrics, replay, retention
+from agentrun_operator import lifecycle, metrics, replay, retention, store_api
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.kube import Kube
 from agentrun_operator.lifecycle import Context
@@ -58,15 +59,32 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
         settings.posting.level = logging.INFO
         await store.migrate(config.database_url)
         metrics.serve(config.metrics_port)
-        memo.ctx = Context(config=config, engine=store.make_engine(config.database_url),
-                           kube=Kube())
+        kube = Kube()
+        running = config
+        memo.store_api = None
+        if config.store_api_listen:
+            # Its own small pool: runner traffic never waits behind the operator's.
+            memo.store_api_engine = store.make_engine(
+                config.database_url, pool_size=store_api.POOL_SIZE,
+                max_overflow=store_api.POOL_OVERFLOW)
+            memo.store_api = await store_api.serve(
+                config.store_api_listen, memo.store_api_engine, kube.api,
+                audience=config.store_api_audience)
+            if not config.store_api_url:
+                running = dataclasses.replace(config, store_api_url=memo.store_api.url)
+        memo.ctx = Context(config=running, engine=store.make_engine(config.database_url),
+                           kube=kube)
         memo.purge = asyncio.create_task(retention.purge_daily(memo.ctx))
-        log.info("event=started store=%s namespaces=%s", store.redact(config.database_url),
+        log.info("event=started store=%s store_api=%s namespaces=%s",
+                 store.redact(config.database_url), running.store_api_url,
                  ",".join(config.namespaces) or "*")
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         memo.purge.cancel()
+        if memo.store_api is not None:
+            await memo.store_api.stop()
+            await memo.store_api_engine.dispose()
         await memo.ctx.engine.dispose()
 
     @kopf.on.create(GROUP, VERSION, RUN_PLURAL, registry=registry)

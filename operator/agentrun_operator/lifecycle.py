@@ -23,9 +23,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import store
 from agentrun.vocabulary import (
-    ANNOTATION_INPUT_DIGEST,
+    DEFAULT_USER_ID,
     LABEL_ATTEMPT,
     LABEL_RUN,
+    SCRIPTED_MODEL,
     Phase,
     Reason,
     RunStatus,
@@ -41,6 +42,11 @@ log = logging.getLogger("agentrun.operator")
 
 _STORE_STATUS = {Phase.SUCCEEDED: RunStatus.SUCCEEDED, Phase.FAILED: RunStatus.FAILED,
                  Phase.CANCELLED: RunStatus.CANCELLED}
+# Ends decided before any runner could act: no container ran (the image), or no pod was
+# ever created (the input, the model, the session). toolsExecuted is [] without counting.
+_NOTHING_RAN = frozenset({Reason.IMAGE_PULL_FAILED, Reason.INPUT_UNAVAILABLE,
+                          Reason.MODEL_NOT_ALLOWED, Reason.SESSION_BUSY,
+                          Reason.SESSION_NOT_OWNED})
 
 
 @dataclass
@@ -93,10 +99,20 @@ def _log(run: Mapping[str, Any], event: str, **fields: Any) -> None:
 
 async def launch(ctx: Context, run: Mapping[str, Any]) -> None:
     """Snapshot the input, write the run down, and start its current attempt's pod."""
-    meta, status = run["metadata"], run.get("status") or {}
+    meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
     if status.get("phase") in Phase.TERMINAL:
         return
-    digest = status.get("inputDigest") or await _snapshot(ctx, run)
+    if spec.get("model") == SCRIPTED_MODEL and not ctx.config.allow_scripted_model:
+        await _refuse_launch(ctx, run, Reason.MODEL_NOT_ALLOWED, (
+            "spec.model: scripted is turned off on this operator: it lets whoever creates "
+            "a run choose every tool call and its arguments. Use a real model, or start the "
+            "operator with --allow-scripted-model (development clusters and tests only). "
+            "No pod was started."))
+        return
+    # The snapshot's digest as the store recorded it, never as the status shows it.
+    recorded = await store.get_run(ctx.engine, meta["uid"])
+    digest = recorded.input_digest if recorded is not None and recorded.input_digest \
+        else await _snapshot(ctx, run)
     if digest is None:
         return  # settled InputUnavailable
     await _record_run(ctx, run, digest)
@@ -128,27 +144,37 @@ async def _snapshot(ctx: Context, run: Mapping[str, Any]) -> str | None:
     try:
         files = await ctx.kube.read_input_files(meta["namespace"], source.get("files") or [])
     except InputMissing as e:
-        await _record_run(ctx, run, None)
-        await settle(ctx, run, 1, Outcome(Phase.FAILED, Reason.INPUT_UNAVAILABLE,
-                                          f"{e} No pod was started; fix the input and "
-                                          "create the run again."))
+        await _refuse_launch(ctx, run, Reason.INPUT_UNAVAILABLE,
+                             f"{e} No pod was started; fix the input and create the run "
+                             "again.")
         return None
     return await store.put_input(ctx.engine, source.get("text") or "", files)
 
 
-async def _replay_snapshot(ctx: Context, run: Mapping[str, Any]) -> str | None:
-    """A replay runs on the original's snapshot, which the approving operator named in an
-    annotation. Only the operator can create a run with spec.replayOf (admission policy),
-    so the annotation is trusted only together with it. Never a run on partial input."""
-    meta, spec = run["metadata"], run.get("spec") or {}
-    digest = (meta.get("annotations") or {}).get(ANNOTATION_INPUT_DIGEST)
-    if digest and await store.get_input(ctx.engine, digest) is not None:
-        return str(digest)
+async def _refuse_launch(ctx: Context, run: Mapping[str, Any], reason: str, message: str,
+                         attempt: int = 1) -> None:
+    """Fails a run before its pod exists (nothing ran), with the run written down."""
     await _record_run(ctx, run, None)
-    await settle(ctx, run, 1, Outcome(
-        Phase.FAILED, Reason.INPUT_UNAVAILABLE,
-        f"The input snapshot {digest or '(none named)'} of the original run "
-        f"{spec['replayOf']} is gone from the run store; no pod was started."))
+    await settle(ctx, run, attempt, Outcome(Phase.FAILED, reason, message))
+
+
+async def _replay_snapshot(ctx: Context, run: Mapping[str, Any]) -> str | None:
+    """A replay runs on the original's snapshot, found through the approval that created
+    this run (the store's record, which only the operator writes), never through anything
+    on the AgentRun a user could edit before it starts. Never a run on partial input."""
+    meta, spec = run["metadata"], run.get("spec") or {}
+    approval = await store.approval_of_replay_run(ctx.engine, meta["namespace"], meta["name"])
+    original = None
+    if approval is not None and approval.run_name == spec["replayOf"]:
+        original = await store.get_run(ctx.engine, approval.run_uid)
+    digest = original.input_digest if original is not None else None
+    if digest and await store.get_input(ctx.engine, digest) is not None:
+        return digest
+    what = (f"The input snapshot {digest} of the original run {spec['replayOf']} is gone "
+            "from the run store" if digest else
+            f"No approved AgentRunReplay of {spec['replayOf']} created this run, so it has "
+            "no input to run on")
+    await _refuse_launch(ctx, run, Reason.INPUT_UNAVAILABLE, f"{what}; no pod was started.")
     return None
 
 
@@ -156,6 +182,22 @@ async def start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int, dige
     meta, spec = run["metadata"], run.get("spec") or {}
     name = pod_name(meta["name"], attempt)
     session = session_id_for(run, attempt)
+    claim = await store.claim_session(
+        ctx.engine, namespace=meta["namespace"], session_id=session, agent=spec["agent"],
+        user_id=spec.get("userId") or DEFAULT_USER_ID, run_uid=meta["uid"])
+    if not claim.granted:
+        if claim.busy_with:
+            reason, message = Reason.SESSION_BUSY, (
+                f"Session {session} is in use by the live run {claim.busy_with}: two runs "
+                "on one session would interleave their turns. Create this run again once "
+                f"{claim.busy_with} has settled. No pod was started.")
+        else:
+            reason, message = Reason.SESSION_NOT_OWNED, (
+                f"Session {session} in namespace {meta['namespace']} belongs to "
+                f"{claim.owned_by}; only chat turns of the same agent and userId continue "
+                "it. Use another sessionId. No pod was started.")
+        await settle(ctx, run, attempt, Outcome(Phase.FAILED, reason, message))
+        return
     await store.start_attempt(ctx.engine, meta["uid"], attempt, session, name)
     if not spec.get("serviceAccountName"):
         await ctx.kube.ensure_service_account(meta["namespace"],
@@ -323,8 +365,7 @@ async def _settle_store(
     own status is the record, with tools unknown, until the safety net catches up."""
     uid = run["metadata"]["uid"]
     try:
-        if outcome.reason in (Reason.IMAGE_PULL_FAILED, Reason.INPUT_UNAVAILABLE):
-            # Nothing ran: no container (image), or no pod at all (input).
+        if outcome.reason in _NOTHING_RAN:
             won = await store.settle(ctx.engine, uid, attempt, _STORE_STATUS[outcome.phase],
                                      outcome.reason, outcome.message, [])
             return won, []

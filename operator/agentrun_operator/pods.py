@@ -7,16 +7,19 @@ from typing import Any
 
 from agentrun.vocabulary import (
     API_VERSION,
-    ENV_DATABASE_URL,
     LABEL_ATTEMPT,
     LABEL_REPLAY_OF,
     LABEL_RUN,
     RUN_KIND,
+    STORE_TOKEN_DIR,
+    STORE_TOKEN_FILE,
+    STORE_TOKEN_SECONDS,
     RunnerEnv,
 )
 from agentrun_operator.config import OperatorConfig
 
 CONTAINER = "runner"
+STORE_TOKEN_VOLUME = "store-token"
 
 
 def pod_name(run_name: str, attempt: int) -> str:
@@ -46,11 +49,6 @@ def runner_pod(
     if spec.get("replayOf"):
         labels[LABEL_REPLAY_OF] = spec["replayOf"]
 
-    if config.database_secret:
-        store: dict[str, Any] = {"name": ENV_DATABASE_URL, "valueFrom": {"secretKeyRef": {
-            "name": config.database_secret, "key": config.database_secret_key}}}
-    else:
-        store = {"name": ENV_DATABASE_URL, "value": config.database_url}
     identity = {
         RunnerEnv.NAMESPACE: meta["namespace"],
         RunnerEnv.RUN_NAME: meta["name"],
@@ -62,12 +60,16 @@ def runner_pod(
         RunnerEnv.MODEL: spec.get("model") or "",
         RunnerEnv.INPUT_DIGEST: input_digest,
         RunnerEnv.TRIGGER: spec.get("trigger") or "manual",
+        # No database credential: the store API, and the token that says who we are.
+        RunnerEnv.STORE_URL: config.store_api_url,
+        RunnerEnv.STORE_TOKEN_FILE: f"{STORE_TOKEN_DIR}/{STORE_TOKEN_FILE}",
+        RunnerEnv.ALLOW_SCRIPTED_MODEL: "true" if config.allow_scripted_model else "false",
     }
     # The user's env first, ours last: a later duplicate wins, so a run cannot pass
-    # itself off as another run.
+    # itself off as another run (the store API checks its token anyway), nor turn the
+    # scripted model on for itself.
     env = [*list(spec.get("env") or []),
-           *[{"name": k, "value": v} for k, v in {**config.extra_runner_env, **identity}.items()],
-           store]
+           *[{"name": k, "value": v} for k, v in {**config.extra_runner_env, **identity}.items()]]
 
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -81,7 +83,9 @@ def runner_pod(
             "readOnlyRootFilesystem": True,
             "runAsNonRoot": True,
         },
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"},
+                         {"name": STORE_TOKEN_VOLUME, "mountPath": STORE_TOKEN_DIR,
+                          "readOnly": True}],
     }
     if spec.get("resources"):
         container["resources"] = spec["resources"]
@@ -97,7 +101,15 @@ def runner_pod(
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container],
-        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}],
+        "volumes": [
+            {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}},
+            # The token the store API knows this pod by: audience the store's own (worth
+            # nothing to the API server), bound to this pod (void once it is deleted),
+            # refreshed by the kubelet. automountServiceAccountToken stays false.
+            {"name": STORE_TOKEN_VOLUME, "projected": {"sources": [{"serviceAccountToken": {
+                "audience": config.store_api_audience,
+                "expirationSeconds": STORE_TOKEN_SECONDS, "path": STORE_TOKEN_FILE}}]}},
+        ],
         # A lost node is left after these few seconds, not the 300 s default.
         "tolerations": [
             {"key": key, "operator": "Exists", "effect": "NoExecute",

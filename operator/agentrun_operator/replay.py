@@ -25,6 +25,7 @@ from agentrun.vocabulary import (
     Condition,
     Phase,
     ReplayPhase,
+    RunStatus,
 )
 from agentrun_operator import events
 from agentrun_operator import status as st
@@ -72,22 +73,36 @@ def replay_run(
     }
 
 
+# The store's run statuses as AgentRun phases.
+_PHASE = {RunStatus.PENDING: Phase.PENDING, RunStatus.RUNNING: Phase.RUNNING,
+          RunStatus.SUCCEEDED: Phase.SUCCEEDED, RunStatus.FAILED: Phase.FAILED,
+          RunStatus.CANCELLED: Phase.CANCELLED}
+
+
 async def original_facts(ctx: Context, original: Mapping[str, Any] | None) -> Original | None:
-    """What decide() needs to know about the run to replay; None if it does not exist."""
+    """What decide() needs to know about the run to replay; None if it does not exist.
+
+    Read from the store, by the run's uid: its tools, its snapshot, how it ended. The
+    AgentRun's status is a copy anyone allowed to write it could change. The one thing
+    the status adds is liveness: the run is live if either says so (between an attempt's
+    settle and the next attempt's start, only the status still says Running).
+    """
     if original is None:
         return None
-    status = original.get("status") or {}
-    # Missing and null both mean unknown; only a list (possibly empty) is known.
-    tools = status.get("toolsExecuted")
-    digest = status.get("inputDigest")
-    if not digest:
-        recorded = await store.get_run(ctx.engine, original["metadata"]["uid"])
-        digest = recorded.input_digest if recorded is not None else None
+    recorded = await store.get_run(ctx.engine, original["metadata"]["uid"])
+    shown = (original.get("status") or {}).get("phase") or Phase.PENDING
+    if recorded is None:  # not written down yet: the operator has not launched it
+        return Original(phase=Phase.PENDING, tools_executed=None, input_digest=None,
+                        input_available=False, reason="")
+    phase = _PHASE[recorded.status]
+    if shown in Phase.LIVE and phase in Phase.TERMINAL:
+        phase = shown
+    digest = recorded.input_digest
     available = bool(digest) and await store.get_input(ctx.engine, str(digest)) is not None
-    return Original(phase=status.get("phase") or "",
-                    tools_executed=None if tools is None else list(tools),
+    tools = recorded.tools_executed
+    return Original(phase=phase, tools_executed=None if tools is None else list(tools),
                     input_digest=digest or None, input_available=available,
-                    reason=status.get("reason") or "")
+                    reason=recorded.reason or "")
 
 
 async def reconcile(ctx: Context, replay: Mapping[str, Any]) -> None:

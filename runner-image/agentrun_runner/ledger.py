@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from google.adk.plugins.base_plugin import BasePlugin
 from google.adk.tools.base_tool import BaseTool
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from agentrun import store
+from agentrun.store.ledger import args_digest
 from agentrun.vocabulary import LedgerOutcome
 from agentrun_runner import logs
+from agentrun_runner.store_client import StoreClient
 
 if TYPE_CHECKING:
     from google.adk.agents.invocation_context import InvocationContext
@@ -41,16 +41,12 @@ class WriteAheadLedger(BasePlugin):
 
     def __init__(
         self,
-        engine: AsyncEngine,
-        run_uid: str,
-        attempt: int,
+        client: StoreClient,
         failures: list[BaseException] | None = None,
     ) -> None:
         super().__init__(name="agentrun_ledger")
         self._failures = failures if failures is not None else []
-        self._engine = engine
-        self._uid = run_uid
-        self._attempt = attempt
+        self._client = client
         self._seq = itertools.count(1)
         self._open: dict[int, int] = {}  # id(tool_context) -> seq
 
@@ -59,9 +55,7 @@ class WriteAheadLedger(BasePlugin):
     ) -> types.Content | None:
         # Before the first model call: from here on, this invocation's session events
         # are this attempt's (store.tools_executed reads them by invocation id).
-        await store.record_invocation(
-            self._engine, self._uid, self._attempt, invocation_context.invocation_id
-        )
+        await self._client.record_invocation(invocation_context.invocation_id)
         logs.info("invocation.recorded", invocation=invocation_context.invocation_id)
         return None
 
@@ -71,10 +65,7 @@ class WriteAheadLedger(BasePlugin):
         seq = next(self._seq)
         call_id = tool_context.function_call_id
         try:
-            await store.open_call(
-                self._engine, self._uid, self._attempt, seq, tool.name, call_id,
-                store.args_digest(tool_args),
-            )
+            await self._client.open_call(seq, tool.name, call_id, args_digest(tool_args))
         except asyncio.CancelledError:
             raise
         except BaseException as e:
@@ -93,7 +84,7 @@ class WriteAheadLedger(BasePlugin):
             return
         logs.info("tool.end", tool=tool.name, seq=seq, outcome=outcome)
         try:
-            await store.close_call(self._engine, self._uid, self._attempt, seq, outcome)
+            await self._client.close_call(seq, outcome)
         except Exception as e:
             # The call itself is recorded; a missing finish only reads as "never answered".
             logs.warning("ledger.close_failed", tool=tool.name, seq=seq,

@@ -1,8 +1,11 @@
 """`agentrun-runner`: runs one attempt of one AgentRun and reports how it ended.
 
-Identity and inputs come from the environment the operator sets on the pod
-(vocabulary.RunnerEnv, DATABASE_URL); each has a CLI flag that overrides it. The exit code
-is a vocabulary.RunnerExit; the outcome (and its reason) is also written to the run store,
+The runner holds no database credential: it reaches the run store through the store API
+(AGENTRUN_STORE_URL), presenting the pod's projected ServiceAccount token
+(AGENTRUN_STORE_TOKEN_FILE), and the store API decides from that token which attempt this
+is. The rest of its configuration comes from the environment the operator sets on the pod
+(vocabulary.RunnerEnv); each has a CLI flag that overrides it. The exit code is a
+vocabulary.RunnerExit; the outcome (and its reason) is also written to the run store,
 where the operator reads it when the pod ends.
 """
 
@@ -19,12 +22,8 @@ from pathlib import Path
 
 from google.genai import types
 
-from agentrun import store
 from agentrun.vocabulary import (
-    DEFAULT_MEMORY_TTL_DAYS,
     DEFAULT_USER_ID,
-    ENV_DATABASE_URL,
-    ENV_MEMORY_TTL_DAYS,
     SCRIPTED_MODEL,
     Reason,
     RunnerEnv,
@@ -33,11 +32,26 @@ from agentrun.vocabulary import (
     Trigger,
 )
 from agentrun_runner import logs
+from agentrun_runner.store_client import (
+    Identity,
+    StoreClient,
+    StoreMemoryService,
+    StoreRefused,
+    StoreSessionService,
+    StoreUnreachable,
+    set_current,
+)
 
 NO_DURABLE_STORE_MESSAGE = (
-    f"no durable session store is configured: set {ENV_DATABASE_URL} to the run store "
-    "(postgresql+psycopg://... or sqlite:///path). Without it ADK keeps sessions in memory, "
-    "and a crashed run would forget everything it did, so the runner refuses to start."
+    f"no durable session store is configured: set {RunnerEnv.STORE_URL} to the store API "
+    f"and {RunnerEnv.STORE_TOKEN_FILE} to the pod's projected store token (the operator "
+    "sets both on runner pods). Without them ADK keeps sessions in memory, and a crashed "
+    "run would forget everything it did, so the runner refuses to start."
+)
+SCRIPTED_REFUSED_MESSAGE = (
+    "the scripted model is turned off: it lets whoever creates a run choose every tool "
+    "call and its arguments. The operator enables it with --allow-scripted-model "
+    "(development clusters and tests only)."
 )
 
 
@@ -56,7 +70,9 @@ class RunnerConfig:
     input_digest: str
     trigger: str
     agents_dir: Path
-    database_url: str | None
+    store_url: str | None
+    token_file: str | None
+    allow_scripted_model: bool = False
 
 
 class UsageError(ValueError):
@@ -80,7 +96,8 @@ def _parser() -> argparse.ArgumentParser:
         ("--input-digest", RunnerEnv.INPUT_DIGEST),
         ("--trigger", RunnerEnv.TRIGGER),
         ("--agents-dir", RunnerEnv.AGENTS_DIR),
-        ("--database-url", ENV_DATABASE_URL),
+        ("--store-url", RunnerEnv.STORE_URL),
+        ("--store-token-file", RunnerEnv.STORE_TOKEN_FILE),
     ]
     for flag, env in flags:
         p.add_argument(flag, default=None, help=f"default: ${env}")
@@ -129,7 +146,10 @@ def parse_config(argv: Sequence[str] | None, environ: dict[str, str]) -> RunnerC
         input_digest=digest,
         trigger=get(args.trigger, RunnerEnv.TRIGGER, Trigger.MANUAL) or Trigger.MANUAL,
         agents_dir=Path(agents_dir) if agents_dir else default_agents_dir(),
-        database_url=get(args.database_url, ENV_DATABASE_URL),
+        store_url=get(args.store_url, RunnerEnv.STORE_URL),
+        token_file=get(args.store_token_file, RunnerEnv.STORE_TOKEN_FILE),
+        # Only from the environment the operator sets (last, after the user's env).
+        allow_scripted_model=environ.get(RunnerEnv.ALLOW_SCRIPTED_MODEL) == "true",
     )
 
 
@@ -176,18 +196,12 @@ def _files_as_parts(files: dict[str, bytes]) -> list[types.Part]:
     return parts
 
 
-async def _report(engine: object, config: RunnerConfig, failure: Failure | None) -> None:
-    from sqlalchemy.ext.asyncio import AsyncEngine
-
-    assert isinstance(engine, AsyncEngine)
+async def _report(client: StoreClient, failure: Failure | None) -> None:
     try:
         if failure is None:
-            await store.record_outcome(engine, config.run_uid, config.attempt, RunStatus.SUCCEEDED)
+            await client.record_outcome(RunStatus.SUCCEEDED)
         else:
-            await store.record_outcome(
-                engine, config.run_uid, config.attempt, RunStatus.FAILED,
-                failure.reason, failure.message,
-            )
+            await client.record_outcome(RunStatus.FAILED, failure.reason, failure.message)
     except Exception as e:
         # The operator falls back to the pod's exit code and the ledger.
         logs.error("outcome.write_failed", error=f"{type(e).__name__}: {e}")
@@ -195,13 +209,23 @@ async def _report(engine: object, config: RunnerConfig, failure: Failure | None)
 
 async def run_attempt(config: RunnerConfig) -> int:
     """Runs the attempt end to end; returns the exit code."""
+    assert config.store_url and config.token_file
+    client = StoreClient(config.store_url, config.token_file)
+    set_current(client)
+    try:
+        return await _run_attempt(config, client)
+    finally:
+        set_current(None)
+        await client.close()
+
+
+async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
     from google.adk.agents.llm_agent import LlmAgent
     from google.adk.apps.app import App
     from google.adk.errors.already_exists_error import AlreadyExistsError
     from google.adk.models.base_llm import BaseLlm
     from google.adk.models.registry import LLMRegistry
     from google.adk.runners import Runner
-    from google.adk.sessions.database_session_service import DatabaseSessionService
     from google.genai import types
 
     from agentrun_runner.agents import load_agent
@@ -210,145 +234,129 @@ async def run_attempt(config: RunnerConfig) -> int:
     from agentrun_runner.retries import CallWatch, GuardedLlm
     from agentrun_runner.scripted import ScriptedLlm
 
-    assert config.database_url
-    engine = store.shared_engine(config.database_url)
     try:
-        try:
-            await store.check_schema(engine)
-            await store.begin_attempt(
-                engine, config.run_uid, config.attempt, config.agent, config.user_id,
-                config.session_id,
-            )
-        except store.StoreNotReady as e:
-            return _refuse(RunnerExit.STORE_UNAVAILABLE, "store.not_ready", str(e))
-        except Exception as e:
-            return _refuse(
-                RunnerExit.STORE_UNAVAILABLE, "store.unavailable",
-                f"the run store at {store.redact(config.database_url)} cannot be used: "
-                f"{type(e).__name__}: {e}",
-            )
+        me = await client.begin()
+    except (StoreRefused, StoreUnreachable) as e:
+        return _refuse(RunnerExit.STORE_UNAVAILABLE, "store.unavailable",
+                       f"the run store cannot be used through the store API at "
+                       f"{config.store_url}: {e}")
+    # The store API's word (from the pod's token) is what counts; the environment only
+    # names it for the logs.
+    if (me.run_uid, me.attempt) != (config.run_uid, config.attempt):
+        logs.warning("identity.mismatch", env_uid=config.run_uid, env_attempt=config.attempt,
+                     uid=me.run_uid, attempt=me.attempt)
 
-        snapshot = await store.get_input(engine, config.input_digest)
-        if snapshot is None:
-            message = (
-                f"The input snapshot {config.input_digest} is not in the run store, so the "
-                "agent was not started; no tool was called."
-            )
-            await _report(engine, config, Failure(
-                RunnerExit.INPUT_UNAVAILABLE, Reason.INPUT_UNAVAILABLE, message))
-            return _refuse(RunnerExit.INPUT_UNAVAILABLE, "input.unavailable", message)
-
-        try:
-            root_agent = load_agent(config.agents_dir, config.agent)
-            watch = CallWatch()
-            override: BaseLlm | None = None
-            if config.model == SCRIPTED_MODEL:
-                override = ScriptedLlm.from_env()
-            elif config.model:
-                override = LLMRegistry.new_llm(config.model)
-            pending = [root_agent]
-            while pending:
-                agent = pending.pop()
-                pending.extend(agent.sub_agents)
-                if isinstance(agent, LlmAgent):
-                    agent.model = GuardedLlm.wrap(override or agent.canonical_model, watch)
-        except Exception as e:
-            failure = Failure(
-                RunnerExit.AGENT_ERROR, Reason.AGENT_ERROR,
-                f"The agent {config.agent!r} could not be loaded: {type(e).__name__}: {e}",
-            )
-            await _report(engine, config, failure)
-            return _refuse(failure.code, "agent.load_failed", failure.message)
-
-        sessions = DatabaseSessionService(db_engine=engine)
-        ttl = int(os.environ.get(ENV_MEMORY_TTL_DAYS) or DEFAULT_MEMORY_TTL_DAYS)
-        memory = store.StoreMemoryService(engine, ttl_days=ttl)
-        runner = Runner(
-            app=App(
-                name=config.agent,
-                root_agent=root_agent,
-                plugins=[
-                    WriteAheadLedger(engine, config.run_uid, config.attempt, watch.failures),
-                    CompactionPlugin(),
-                ],
-            ),
-            session_service=sessions,
-            memory_service=memory,
+    snapshot = await client.input()
+    if snapshot is None:
+        message = (
+            f"The input snapshot {me.input_digest or config.input_digest} is not in the run "
+            "store, so the agent was not started; no tool was called."
         )
-        new_message = types.Content(
-            role="user", parts=[types.Part(text=snapshot.text), *_files_as_parts(snapshot.files)]
-        )
-        invocation_id: str | None = None
-        answer = ""
-        try:
-            session = await sessions.get_session(
-                app_name=config.agent, user_id=config.user_id, session_id=config.session_id
-            )
-            if session is None:
-                try:
-                    await sessions.create_session(
-                        app_name=config.agent, user_id=config.user_id,
-                        session_id=config.session_id,
-                    )
-                    logs.info("session.created", session=config.session_id)
-                except AlreadyExistsError:
-                    pass
-            else:
-                logs.info("session.continued", session=config.session_id,
-                          events=len(session.events))
-            logs.info("agent.start", model=config.model or "agent-default")
-            async for event in runner.run_async(
-                user_id=config.user_id, session_id=config.session_id, new_message=new_message
-            ):
-                invocation_id = event.invocation_id
-                calls = [c.name for c in event.get_function_calls()]
-                if calls:
-                    logs.info("model.calls", tools=",".join(str(c) for c in calls))
-                if event.error_code:
-                    # ADK reports an exception raised inside the agent as an error event;
-                    # ours were kept, so that the reason names what really happened.
-                    if watch.failures:
-                        raise watch.failures[0]
-                    raise RuntimeError(f"{event.error_code}: {event.error_message or ''}")
-                if event.is_final_response() and event.content and event.content.parts:
-                    text = "".join(p.text or "" for p in event.content.parts if not p.thought)
-                    if text:
-                        answer = text
-        except Exception as e:
-            failure = classify_failure(e)
-            logs.error("agent.failed", reason=failure.reason, message=failure.message,
-                       error=f"{type(e).__name__}: {e}")
-            await _report(engine, config, failure)
-            return failure.code
-        finally:
-            await runner.close()
+        await _report(client, Failure(
+            RunnerExit.INPUT_UNAVAILABLE, Reason.INPUT_UNAVAILABLE, message))
+        return _refuse(RunnerExit.INPUT_UNAVAILABLE, "input.unavailable", message)
 
-        await _remember(sessions, memory, config, invocation_id)
-        logs.info("agent.succeeded", answer=answer[:200])
-        await _report(engine, config, None)
-        return RunnerExit.SUCCESS
+    try:
+        if config.model == SCRIPTED_MODEL and not config.allow_scripted_model:
+            raise PermissionError(SCRIPTED_REFUSED_MESSAGE)
+        root_agent = load_agent(config.agents_dir, config.agent)
+        watch = CallWatch()
+        override: BaseLlm | None = None
+        if config.model == SCRIPTED_MODEL:
+            override = ScriptedLlm.from_env()
+        elif config.model:
+            override = LLMRegistry.new_llm(config.model)
+        pending = [root_agent]
+        while pending:
+            agent = pending.pop()
+            pending.extend(agent.sub_agents)
+            if isinstance(agent, LlmAgent):
+                agent.model = GuardedLlm.wrap(override or agent.canonical_model, watch)
+    except Exception as e:
+        failure = Failure(
+            RunnerExit.AGENT_ERROR, Reason.AGENT_ERROR,
+            f"The agent {config.agent!r} could not be loaded: {type(e).__name__}: {e}",
+        )
+        await _report(client, failure)
+        return _refuse(failure.code, "agent.load_failed", failure.message)
+
+    sessions = StoreSessionService(client)
+    memory = StoreMemoryService(client)
+    runner = Runner(
+        app=App(
+            name=config.agent,
+            root_agent=root_agent,
+            plugins=[WriteAheadLedger(client, watch.failures), CompactionPlugin()],
+        ),
+        session_service=sessions,
+        memory_service=memory,
+    )
+    new_message = types.Content(
+        role="user", parts=[types.Part(text=snapshot.text), *_files_as_parts(snapshot.files)]
+    )
+    invocation_id: str | None = None
+    answer = ""
+    try:
+        session = await sessions.get_session(
+            app_name=config.agent, user_id=me.user_id, session_id=me.session_id
+        )
+        if session is None:
+            try:
+                await sessions.create_session(
+                    app_name=config.agent, user_id=me.user_id, session_id=me.session_id,
+                )
+                logs.info("session.created", session=me.session_id)
+            except AlreadyExistsError:
+                pass
+        else:
+            logs.info("session.continued", session=me.session_id, events=len(session.events))
+        logs.info("agent.start", model=config.model or "agent-default")
+        async for event in runner.run_async(
+            user_id=me.user_id, session_id=me.session_id, new_message=new_message
+        ):
+            invocation_id = event.invocation_id
+            calls = [c.name for c in event.get_function_calls()]
+            if calls:
+                logs.info("model.calls", tools=",".join(str(c) for c in calls))
+            if event.error_code:
+                # ADK reports an exception raised inside the agent as an error event;
+                # ours were kept, so that the reason names what really happened.
+                if watch.failures:
+                    raise watch.failures[0]
+                raise RuntimeError(f"{event.error_code}: {event.error_message or ''}")
+            if event.is_final_response() and event.content and event.content.parts:
+                text = "".join(p.text or "" for p in event.content.parts if not p.thought)
+                if text:
+                    answer = text
+    except Exception as e:
+        failure = classify_failure(e)
+        logs.error("agent.failed", reason=failure.reason, message=failure.message,
+                   error=f"{type(e).__name__}: {e}")
+        await _report(client, failure)
+        return failure.code
     finally:
-        await engine.dispose()
+        await runner.close()
+
+    await _remember(sessions, memory, config.agent, me, invocation_id)
+    logs.info("agent.succeeded", answer=answer[:200])
+    await _report(client, None)
+    return RunnerExit.SUCCESS
 
 
 async def _remember(
-    sessions: object, memory: store.StoreMemoryService, config: RunnerConfig,
+    sessions: StoreSessionService, memory: StoreMemoryService, agent: str, me: Identity,
     invocation_id: str | None,
 ) -> None:
     """This turn's conversation into long-term memory (best effort: the run is done)."""
-    from google.adk.sessions.database_session_service import DatabaseSessionService
-
-    assert isinstance(sessions, DatabaseSessionService)
     try:
         session = await sessions.get_session(
-            app_name=config.agent, user_id=config.user_id, session_id=config.session_id
+            app_name=agent, user_id=me.user_id, session_id=me.session_id
         )
         if session is None or invocation_id is None:
             return
         events = [e for e in session.events if e.invocation_id == invocation_id]
         await memory.add_events_to_memory(
-            app_name=config.agent, user_id=config.user_id, events=events,
-            session_id=config.session_id,
+            app_name=agent, user_id=me.user_id, events=events, session_id=me.session_id,
         )
     except Exception as e:
         logs.warning("memory.write_failed", error=f"{type(e).__name__}: {e}")
@@ -363,14 +371,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _refuse(RunnerExit.USAGE, "usage", str(e))
     logs.bind(run=config.run_name, attempt=config.attempt, namespace=config.namespace,
               agent=config.agent)
-    if not store.is_durable(config.database_url):
+    if not config.store_url or not config.token_file:
         return _refuse(RunnerExit.NO_DURABLE_STORE, "refused.no_durable_store",
                        NO_DURABLE_STORE_MESSAGE)
-    try:
-        assert config.database_url
-        store.async_url(config.database_url)
-    except Exception as e:
-        return _refuse(RunnerExit.NO_DURABLE_STORE, "refused.unsupported_store", str(e))
     logs.info("runner.start", uid=config.run_uid, session=config.session_id,
               trigger=config.trigger, input=config.input_digest)
     code = asyncio.run(run_attempt(config))

@@ -89,5 +89,5 @@ def test_every_policy_is_bound() -> None:
         for d in _docs()
         if d["kind"] == "ValidatingAdmissionPolicyBinding"
     }
-    assert policies == {"agentrun-force-replay", "agentrun-replay-of"}
+    assert policies == {"agentrun-force-replay", "agentrun-replay-of", "agentrun-run-references"}
     assert bindings == {p: ["Deny"] for p in policies}

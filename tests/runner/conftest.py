@@ -1,5 +1,6 @@
-"""Runner tests: a migrated store (real Postgres, or SQLite where cheap) and the real
-runner program launched as a subprocess, the way the operator's pod would launch it."""
+"""Runner tests: a migrated store (real Postgres, or SQLite where cheap), a real store API
+in front of it, and the real runner program launched as a subprocess, the way the
+operator's pod would launch it, presenting a token bound to its attempt's pod."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ import os
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from agentrun_devtools.controlplane import ControlPlane
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import store
 from agentrun.vocabulary import ENV_DATABASE_URL, ENV_SCRIPT, SCRIPTED_MODEL, RunnerEnv
+from tests.store_api import Identity, RunnerWorld
 
 T = TypeVar("T")
 RUNNER_TIMEOUT = 120
@@ -36,15 +39,41 @@ def query(url: str, fn: Callable[[AsyncEngine], Awaitable[T]]) -> T:
     return asyncio.run(go())
 
 
+@pytest.fixture(scope="session")
+def runner_world(crds: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
+        RunnerWorld]:
+    """Where runner tests' runs live: AgentRuns in a namespace no operator acts on, their
+    attempts' pods (never scheduled) and tokens bound to them, and one real store API per
+    store."""
+    world = RunnerWorld(crds, f"solo-runners-{os.getpid()}", tmp_path_factory.mktemp("runners"))
+    world.create_namespace(world.namespace)
+    global _world
+    _world = world
+    try:
+        yield world
+    finally:
+        _world = None
+        world.stop()
+        crds.kubectl("delete", "namespace", world.namespace, "--wait=false", check=False)
+
+
+_world: RunnerWorld | None = None
+
+
+def world() -> RunnerWorld:
+    assert _world is not None, "runner tests need the runner_world fixture (via *_store)"
+    return _world
+
+
 @pytest.fixture
-def pg_store(postgres_url: str) -> str:
+def pg_store(postgres_url: str, runner_world: RunnerWorld) -> str:
     """A fresh Postgres database, migrated as the operator migrates it at start-up."""
     asyncio.run(store.migrate(postgres_url))
     return postgres_url
 
 
 @pytest.fixture
-def sqlite_store(tmp_path: Path) -> str:
+def sqlite_store(tmp_path: Path, runner_world: RunnerWorld) -> str:
     url = f"sqlite:///{tmp_path / 'agentrun.db'}"
     asyncio.run(store.migrate(url))
     return url
@@ -66,14 +95,31 @@ class Run:
     agent: str = "support-agent"
     user_id: str = "alice"
     session_id: str | None = None
+    namespace: str = ""
+    identities: dict[int, Identity] = field(default_factory=dict)
 
     def session_for(self, attempt: int) -> str:
         return self.session_id or f"{self.uid}-{attempt}"
 
+    @property
+    def app(self) -> str:
+        """The ADK app name of its sessions (qualified by namespace)."""
+        return store.session_app(self.namespace, self.agent)
+
+    def identity(self, attempt: int = 1) -> Identity:
+        """Attempt `attempt` written down (as the operator does) with its pod and token."""
+        if attempt not in self.identities:
+            if attempt > 1:
+                query(self.url, lambda e: store.start_attempt(
+                    e, self.uid, attempt, self.session_for(attempt), f"{self.name}-{attempt}"))
+            self.identities[attempt] = world().identity(self.name, self.uid, attempt,
+                                                        namespace=self.namespace)
+        return self.identities[attempt]
+
 
 def prepare_run(
     url: str,
-    uid: str,
+    tag: str,
     text: str = "Customer 42 asks for a refund",
     *,
     agent: str = "support-agent",
@@ -81,17 +127,23 @@ def prepare_run(
     session_id: str | None = None,
     trigger: str = "manual",
     files: dict[str, bytes] | None = None,
+    namespace: str | None = None,
 ) -> Run:
-    """put_input + record_run + start_attempt(1), as the operator does."""
-    run = Run(url, uid, f"run-{uid}", "", agent, user_id, session_id)
+    """An AgentRun, then put_input + record_run + start_attempt(1) and its pod, as the
+    operator does."""
+    ns = namespace or world().namespace
+    name, uid = world().agent_run(tag, agent=agent, user_id=user_id, session_id=session_id,
+                                  namespace=ns)
+    run = Run(url, uid, name, "", agent, user_id, session_id, ns)
 
     async def go(engine: AsyncEngine) -> str:
         digest = await store.put_input(engine, text, files or {})
-        await store.record_run(engine, uid, "support", run.name, agent, trigger, user_id, digest)
+        await store.record_run(engine, uid, ns, run.name, agent, trigger, user_id, digest)
         await store.start_attempt(engine, uid, 1, run.session_for(1), f"{run.name}-1")
         return digest
 
     run.digest = query(url, go)
+    run.identity(1)
     return run
 
 
@@ -102,8 +154,12 @@ def runner_env(run: Run, script: list[dict[str, Any]] | None, attempt: int = 1,
         if not k.startswith("AGENTRUN_") and k != ENV_DATABASE_URL
     }
     env.update({
-        ENV_DATABASE_URL: run.url,
-        RunnerEnv.NAMESPACE: "support",
+        # The store's API (started, and waited for, on first use; one started on purpose
+        # for a store that is not ready is used as it is).
+        RunnerEnv.STORE_URL: (world().apis.get(run.url) or world().store_api(run.url)).url,
+        RunnerEnv.STORE_TOKEN_FILE: str(run.identity(attempt).token_file),
+        RunnerEnv.ALLOW_SCRIPTED_MODEL: "true",
+        RunnerEnv.NAMESPACE: run.namespace,
         RunnerEnv.RUN_NAME: run.name,
         RunnerEnv.RUN_UID: run.uid,
         RunnerEnv.ATTEMPT: str(attempt),

@@ -36,7 +36,7 @@ def test_old_events_are_purged_and_the_rest_kept(any_store: str) -> None:
         assert old.session_for(1) not in left
         assert left[new.session_for(1)] == counts[new.session_for(1)]
         assert {old.session_for(1), new.session_for(1)} <= sessions  # shells stay
-        assert [x.tool for x in await store.ledger(e, "old-run")] == ["read_message"]
+        assert [x.tool for x in await store.ledger(e, old.uid)] == ["read_message"]
         assert await store.purge_old_events(e, timedelta(days=90)) == 0
 
     query(any_store, go)

@@ -13,8 +13,15 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import store
-from agentrun.vocabulary import ENV_SCRIPT_TRANSCRIPT, ENV_TEST_CRASH_IN, Reason, RunnerExit
+from agentrun.vocabulary import (
+    ENV_SCRIPT_TRANSCRIPT,
+    ENV_TEST_CRASH_IN,
+    Reason,
+    RunnerEnv,
+    RunnerExit,
+)
 from tests.runner.conftest import Run, launch, prepare_run, query, run_runner, runner_env
+from tests.store_api import RunnerWorld
 
 pytestmark = pytest.mark.postgres
 
@@ -83,7 +90,7 @@ def test_amnesia_a_session_written_by_one_runner_is_read_back_by_another(
     assert done.returncode == 0, explain(done)
 
     # A new process reads the session back intact, with ADK's own reader.
-    events = _read_session(pg_store, "support-agent", "alice", "chat-7")
+    events = _read_session(pg_store, first.app, "alice", "chat-7")
     texts = [p.get("text") for e in events for p in e.get("content", {}).get("parts", [])]
     calls = [p["function_call"]["name"] for e in events
              for p in e.get("content", {}).get("parts", []) if "function_call" in p]
@@ -114,7 +121,7 @@ def test_runner_killed_inside_send_email_leaves_the_call_on_record(pg_store: str
 
     entries = query(pg_store, lambda e: store.ledger(e, run.uid))
     assert [(x.tool, x.finished_at, x.outcome) for x in entries] == [("send_email", None, None)]
-    events = _read_session(pg_store, "support-agent", "alice", run.session_for(1))
+    events = _read_session(pg_store, run.app, "alice", run.session_for(1))
     calls = [p["function_call"]["name"] for e in events
              for p in e.get("content", {}).get("parts", []) if "function_call" in p]
     assert calls == ["send_email"]
@@ -247,20 +254,31 @@ def test_chat_run_counts_only_its_own_turn(pg_store: str) -> None:
 def test_refuses_to_start_without_a_durable_store(pg_store: str) -> None:
     run = prepare_run(pg_store, "nostore-1")
     env = runner_env(run, [{"text": "hi"}])
-    del env["DATABASE_URL"]
-    done = launch(env)
+    for missing in (RunnerEnv.STORE_URL, RunnerEnv.STORE_TOKEN_FILE):
+        without = {k: v for k, v in env.items() if k != missing}
+        done = launch(without)
+        assert done.returncode == RunnerExit.NO_DURABLE_STORE, missing
+        assert "no durable session store" in done.stderr
+    # A database URL is no store for a runner: it holds no database credential.
+    done = launch({**{k: v for k, v in env.items() if k != RunnerEnv.STORE_URL},
+                   "DATABASE_URL": pg_store})
     assert done.returncode == RunnerExit.NO_DURABLE_STORE
-    assert "no durable session store" in done.stderr
-    for memory_url in ("sqlite:///:memory:", "sqlite://", "  "):
-        env["DATABASE_URL"] = memory_url
-        done = launch(env)
-        assert done.returncode == RunnerExit.NO_DURABLE_STORE, memory_url
     assert outcome(run) is None
 
 
-def test_refuses_a_store_that_was_never_migrated(postgres_url: str) -> None:
-    run = Run(postgres_url, "unmigrated-1", "run-unmigrated-1", "sha256:00")
-    done = launch(runner_env(run, [{"text": "hi"}]))
+def test_refuses_a_store_that_was_never_migrated(
+    postgres_url: str, runner_world: RunnerWorld
+) -> None:
+    # The store API serves only a store at the schema it knows: until the operator has
+    # migrated it, it says so, and the runner stops before anything runs.
+    api = runner_world.store_api(postgres_url, ready=False)
+    name, uid = runner_world.agent_run("unmigrated")
+    me = runner_world.identity(name, uid, 1)
+    run = Run(postgres_url, uid, name, "sha256:00", namespace=runner_world.namespace,
+              identities={1: me})
+    env = runner_env(run, [{"text": "hi"}])
+    assert env[RunnerEnv.STORE_URL] == api.url
+    done = launch(env)
     assert done.returncode == RunnerExit.STORE_UNAVAILABLE, explain(done)
     assert "no agentrun tables" in done.stderr
 

@@ -51,8 +51,10 @@ def test_record_run_and_start_attempt_are_idempotent(any_store: str) -> None:
         assert run is not None and run.status == RunStatus.RUNNING and run.attempts == 1
         attempt = await store.get_attempt(e, "u1", 1)
         assert attempt is not None
+        # ADK app names are qualified by namespace: the same agent, user and session id
+        # in another namespace is another session.
         assert (attempt.app_name, attempt.user_id, attempt.session_id) == (
-            "support-agent", "alice", "u1-1")
+            "support/support-agent", "alice", "u1-1")
         with pytest.raises(store.RunNotRecorded):
             await store.start_attempt(e, "never-recorded", 1, "s", "p")
 
@@ -202,13 +204,15 @@ def test_a_successful_run_is_remembered_for_its_user_only(pg_store: str) -> None
     run = prepare_run(pg_store, "mem-1", "My order number is 777", user_id="dora")
     assert run_runner(run, [{"text": "Noted your order 777."}]).returncode == 0
 
-    async def search(e: AsyncEngine, user: str) -> int:
+    async def search(e: AsyncEngine, user: str, app: str = run.app) -> int:
         got = await store.StoreMemoryService(e).search_memory(
-            app_name="support-agent", user_id=user, query="order 777")
+            app_name=app, user_id=user, query="order 777")
         return len(got.memories)
 
     assert query(pg_store, lambda e: search(e, "dora")) == 2
     assert query(pg_store, lambda e: search(e, "alice")) == 0
+    # Memory is the namespace's: the same agent and user elsewhere remember nothing.
+    assert query(pg_store, lambda e: search(e, "dora", "elsewhere/support-agent")) == 0
 
 
 def test_migrate_is_idempotent_and_safe_in_parallel(postgres_url: str) -> None:

@@ -1,7 +1,8 @@
 """support-agent: the sample agent of the demo and the acceptance checks.
 
 Its side effects are rows in the run store's `sample_outbox` table (run, attempt, tool,
-args, time), so that anyone can count what was really sent.
+args, time), so that anyone can count what was really sent. It writes them through the
+runner's store client (the store API stamps each row with the run its token is for).
 
 Test hook (this agent only): AGENTRUN_TEST_CRASH_IN=<tool> makes that tool kill its
 runner with os._exit(137) right after recording its side effect and before answering:
@@ -16,20 +17,12 @@ import os
 from google.adk.agents import LlmAgent
 from google.adk.tools.tool_context import ToolContext
 
-from agentrun import store
-from agentrun.vocabulary import ENV_TEST_CRASH_IN, RunnerEnv
+from agentrun.vocabulary import ENV_TEST_CRASH_IN
+from agentrun_runner import store_client
 
 
 async def _act(tool: str, args: dict) -> None:
-    attempt = os.environ.get(RunnerEnv.ATTEMPT)
-    await store.record_side_effect(
-        store.shared_engine(),
-        tool,
-        args,
-        run_name=os.environ.get(RunnerEnv.RUN_NAME),
-        run_uid=os.environ.get(RunnerEnv.RUN_UID),
-        attempt=int(attempt) if attempt and attempt.isdigit() else None,
-    )
+    await store_client.current().record_side_effect(tool, args)
     if os.environ.get(ENV_TEST_CRASH_IN) == tool:
         os._exit(137)
 

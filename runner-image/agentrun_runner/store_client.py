@@ -1,0 +1,261 @@
+"""The runner's side of the store API: the run store, reached without a database credential.
+
+Every request carries the pod's projected ServiceAccount token (re-read from its file each
+time: the kubelet refreshes it in place). The store API decides from that token which
+attempt of which run this is; nothing here names a run. On top of the plain calls sit the
+two ADK services the runner needs: a session service (`StoreSessionService`) and a memory
+service (`StoreMemoryService`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from google.adk.events.event import Event
+from google.adk.memory.base_memory_service import BaseMemoryService, SearchMemoryResponse
+from google.adk.sessions.base_session_service import (
+    BaseSessionService,
+    GetSessionConfig,
+    ListSessionsResponse,
+)
+from google.adk.sessions.session import Session
+
+# A store API that restarts is back within seconds; a request that never left (connection
+# refused) is sent again, a few times. A request that may have arrived is never repeated
+# blindly: the ledger decides what a repeated call means (store API open_call).
+CONNECT_RETRIES = 5
+CONNECT_BACKOFF_SECONDS = 0.2
+TIMEOUT_SECONDS = 30.0
+
+
+class StoreRefused(RuntimeError):
+    """The store API answered, and said no (or failed): its status and its sentence."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"the store API refused ({status}): {message}")
+        self.status = status
+        self.message = message
+
+
+class StoreUnreachable(RuntimeError):
+    """The store API could not be reached at all."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The attempt the store API says this pod is (from its token)."""
+
+    namespace: str
+    run_name: str
+    run_uid: str
+    attempt: int
+    agent: str
+    user_id: str
+    session_id: str
+    input_digest: str | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    digest: str
+    text: str
+    files: dict[str, bytes] = field(default_factory=dict)
+
+
+class StoreClient:
+    """HTTP calls to the store API, one method per route."""
+
+    def __init__(self, url: str, token_file: Path | str) -> None:
+        self.url = url.rstrip("/")
+        self.token_file = Path(token_file)
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=TIMEOUT_SECONDS)
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    def _token(self) -> str:
+        try:
+            return self.token_file.read_text().strip()
+        except OSError as e:
+            raise StoreUnreachable(
+                f"the store token {self.token_file} cannot be read ({e.strerror}): runner "
+                "pods get it as a projected ServiceAccount token volume") from e
+
+    async def request(self, method: str, path: str, body: Any = None, *,
+                      raw: bytes | None = None, params: Mapping[str, Any] | None = None,
+                      missing_ok: bool = False) -> Any:
+        headers = {"Authorization": f"Bearer {self._token()}"}
+        content = raw if raw is not None else (
+            None if body is None else json.dumps(body).encode())
+        if content is not None:
+            headers["Content-Type"] = "application/json"
+        for attempt in range(CONNECT_RETRIES + 1):
+            try:
+                response = await self._http.request(method, path, content=content,
+                                                    headers=headers, params=params)
+                break
+            except httpx.ConnectError as e:
+                if attempt == CONNECT_RETRIES:
+                    raise StoreUnreachable(
+                        f"the store API at {self.url} cannot be reached: {e}") from e
+                await asyncio.sleep(CONNECT_BACKOFF_SECONDS * 2 ** attempt)
+            except httpx.HTTPError as e:
+                raise StoreUnreachable(f"the store API at {self.url} failed: "
+                                       f"{type(e).__name__}: {e}") from e
+        if response.status_code == 404 and missing_ok:
+            return None
+        try:
+            data = response.json()
+        except ValueError:
+            data = {"error": response.text[:500]}
+        if response.status_code >= 400:
+            raise StoreRefused(response.status_code, str(data.get("error") or data))
+        return data
+
+    # -- the attempt -----------------------------------------------------------------------
+
+    async def begin(self) -> Identity:
+        """The runner's first call: records that it started, and who it is."""
+        data = await self.request("POST", "/v1/attempt/begin", {})
+        return Identity(namespace=data["namespace"], run_name=data["runName"],
+                        run_uid=data["runUid"], attempt=int(data["attempt"]),
+                        agent=data["agent"], user_id=data["userId"],
+                        session_id=data["sessionId"], input_digest=data.get("inputDigest"))
+
+    async def record_invocation(self, invocation_id: str) -> None:
+        await self.request("POST", "/v1/attempt/invocation", {"invocationId": invocation_id})
+
+    async def record_outcome(self, status: str, reason: str | None = None,
+                             message: str | None = None) -> bool:
+        data = await self.request("POST", "/v1/attempt/outcome",
+                                  {"status": status, "reason": reason, "message": message})
+        return bool(data.get("recorded"))
+
+    async def input(self) -> Snapshot | None:
+        data = await self.request("GET", "/v1/input", missing_ok=True)
+        if data is None:
+            return None
+        return Snapshot(digest=data["digest"], text=data["text"],
+                        files={n: base64.b64decode(c) for n, c in data["files"].items()})
+
+    # -- the ledger ------------------------------------------------------------------------
+
+    async def open_call(self, seq: int, tool: str, call_id: str | None, digest: str) -> None:
+        await self.request("POST", "/v1/ledger", {"seq": seq, "tool": tool, "callId": call_id,
+                                                  "argsDigest": digest})
+
+    async def close_call(self, seq: int, outcome: str) -> None:
+        await self.request("POST", f"/v1/ledger/{seq}/close", {"outcome": outcome})
+
+    async def record_side_effect(self, tool: str, args: Mapping[str, Any]) -> None:
+        """The sample agents' "world": a row in the store's sample outbox."""
+        await self.request("POST", "/v1/outbox", {"tool": tool, "args": dict(args)})
+
+
+# The process's client, for the sample tools (set by the runner when it starts).
+_current: StoreClient | None = None
+
+
+def set_current(client: StoreClient | None) -> None:
+    global _current
+    _current = client
+
+
+def current() -> StoreClient:
+    """The runner's store client (tools that record in the store, like the samples')."""
+    if _current is None:
+        raise StoreUnreachable("no store client: tools that use the run store run inside "
+                               "agentrun-runner")
+    return _current
+
+
+def _session(data: Any) -> Session:
+    # Through JSON, not a dict: inline file bytes travel base64-encoded, which only
+    # ADK's JSON validation decodes.
+    return Session.model_validate_json(json.dumps(data))
+
+
+class StoreSessionService(BaseSessionService):
+    """ADK sessions in the run store, through the store API.
+
+    The store API keys every session by namespace and lets an attempt touch only its own;
+    the names ADK passes here (app = agent, user, session id) are checked there, not
+    trusted here.
+    """
+
+    def __init__(self, client: StoreClient) -> None:
+        self._client = client
+
+    async def create_session(self, *, app_name: str, user_id: str,
+                             state: dict[str, Any] | None = None,
+                             session_id: str | None = None) -> Session:
+        from google.adk.errors.already_exists_error import AlreadyExistsError
+
+        try:
+            data = await self._client.request("POST", "/v1/sessions",
+                                              {"sessionId": session_id, "state": state})
+        except StoreRefused as e:
+            if e.status == 409:
+                raise AlreadyExistsError(e.message) from e
+            raise
+        return _session(data)
+
+    async def get_session(self, *, app_name: str, user_id: str, session_id: str,
+                          config: GetSessionConfig | None = None) -> Session | None:
+        params: dict[str, Any] = {}
+        if config is not None and config.num_recent_events is not None:
+            params["numRecentEvents"] = config.num_recent_events
+        if config is not None and config.after_timestamp is not None:
+            params["afterTimestamp"] = config.after_timestamp
+        data = await self._client.request("GET", f"/v1/sessions/{session_id}",
+                                          params=params or None, missing_ok=True)
+        return None if data is None else _session(data)
+
+    async def list_sessions(self, *, app_name: str,
+                            user_id: str | None = None) -> ListSessionsResponse:
+        data = await self._client.request("GET", "/v1/sessions")
+        return ListSessionsResponse(
+            sessions=[_session(s) for s in data.get("sessions") or []])
+
+    async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
+        await self._client.request("DELETE", f"/v1/sessions/{session_id}")
+
+    async def append_event(self, session: Session, event: Event) -> Event:
+        if event.partial:
+            return event
+        # ADK's bookkeeping on the in-memory session first (temp state stays here and is
+        # trimmed from what is stored), then the event goes to the store.
+        self._apply_temp_state(session, event)
+        event = self._trim_temp_delta_state(event)
+        await self._client.request("POST", f"/v1/sessions/{session.id}/events",
+                                   raw=event.model_dump_json(exclude_none=True).encode())
+        return self._commit_event_to_session(session, event)
+
+
+class StoreMemoryService(BaseMemoryService):
+    """Long-term memory of this run's (namespace, agent, user), through the store API."""
+
+    def __init__(self, client: StoreClient) -> None:
+        self._client = client
+
+    async def add_session_to_memory(self, session: Session) -> None:
+        await self.add_events_to_memory(app_name=session.app_name, user_id=session.user_id,
+                                        events=session.events, session_id=session.id)
+
+    async def add_events_to_memory(self, *, app_name: str, user_id: str,
+                                   events: Sequence[Event], session_id: str | None = None,
+                                   custom_metadata: Mapping[str, object] | None = None) -> None:
+        await self._client.request("POST", "/v1/memory/events", {
+            "events": [json.loads(e.model_dump_json(exclude_none=True)) for e in events]})
+
+    async def search_memory(self, *, app_name: str, user_id: str,
+                            query: str) -> SearchMemoryResponse:
+        data = await self._client.request("POST", "/v1/memory/search", {"query": query})
+        return SearchMemoryResponse.model_validate_json(json.dumps(data))
