@@ -11,6 +11,7 @@ import os
 import re
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,4 +190,8 @@ def call(url: str, method: str, path: str, token: str | None, body: Any = None,
         with urllib.request.urlopen(request, timeout=30) as r:
             return r.status, json.loads(r.read() or b"{}")
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+        answer = e.read() or b"{}"
+        try:
+            return e.code, json.loads(answer)
+        except ValueError:  # the HTTP server's own plain-text answers (404, 405)
+            return e.code, {"error": answer.decode(errors="replace")}
