@@ -27,8 +27,11 @@ class Operator:
     """`agentrun-operator` as a child process, restartable and killable."""
 
     def __init__(self, plane: ControlPlane, store_url: str, log_dir: Path,
-                 args: Sequence[str] = ()) -> None:
+                 args: Sequence[str] = (), *, scripted: bool = True) -> None:
         self.plane, self.store_url, self.log_dir, self.args = plane, store_url, log_dir, args
+        # The tests drive runs with the scripted model, which an operator honours only
+        # when told to.
+        self.scripted = scripted
         self.child: Child | None = None
         self.starts = 0
 
@@ -38,10 +41,8 @@ class Operator:
                "DATABASE_URL": self.store_url}
         self.child = Child(
             "operator",
-            # The tests drive runs with the scripted model, which an operator honours
-            # only when told to.
-            [str(Path(sys.executable).parent / "agentrun-operator"), "--allow-scripted-model",
-             *self.args],
+            [str(Path(sys.executable).parent / "agentrun-operator"),
+             *(["--allow-scripted-model"] if self.scripted else []), *self.args],
             self.log_dir / f"operator-{self.starts}.log", env=env)
         marker = "event=started"
 
