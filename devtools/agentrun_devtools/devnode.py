@@ -16,13 +16,55 @@ annotation `dev.agentrun.dev/simulate` (see docs/development.md):
 
 Images are never pulled, but one whose tag is `:unpullable` plays an image that cannot
 be: the pod stays Pending, its container waiting in ErrImagePull.
+
+Volumes. A process cannot have mounts, so a `projected` volume that the container mounts
+is written out as files under `<pod work dir>/volumes/<volume name>/`, with the sources a
+kubelet projects:
+
+- `serviceAccountToken`: a TokenRequest, as a kubelet makes it, for the pod's
+  ServiceAccount (`default` if none), with the source's audience (none: the API server's
+  default audiences), its expirationSeconds (default 3600) and the Pod as bound object,
+  so that the token dies with the pod. It is requested again once 80% of its lifetime
+  has passed or it is 24 hours old (`refresh_due`), and rewritten atomically, until the
+  process ends or the pod is forgotten;
+- `configMap` and `secret`: every key, or the listed items, `optional` honoured. They are
+  written when the pod starts and not updated afterwards (a kubelet does update them);
+- `downwardAPI`: `fieldRef` items (metadata.name, namespace, uid, labels, annotations);
+  a `resourceFieldRef` item, or a `clusterTrustBundle` or `podCertificate` source, is a
+  mount failure ("not supported by the development node").
+
+Every file is written with mode 0600, whatever `defaultMode` says: only this node's user
+reads them. Other volume types (emptyDir, a plain secret or configMap volume, ...) are not
+materialized: their mountPaths stay as they are (a runner's `/tmp` is the host's `/tmp`).
+
+Mount paths are mapped through the environment (`mapped_env`): a value of one of the
+container's env variables that equals a projected volume's mountPath, or starts with it
+followed by `/`, is rewritten with the volume's local directory (with the mount's subPath)
+in its place; the longest matching mountPath wins. Nothing else (command, args,
+workingDir) is rewritten.
+
+When a kubelet cannot start a container, neither does this node, and it reports what a
+kubelet reports, retrying every RETRY_SECONDS and on every event of the pod:
+
+- a volume that cannot be set up (the TokenRequest fails, e.g. the ServiceAccount was
+  deleted; a ConfigMap or Secret is missing): the pod stays Pending, the container waiting
+  in ContainerCreating, and a Warning Event FailedMount carries the error;
+- an env variable whose secretKeyRef or configMapKeyRef names a missing object or key
+  (not `optional`): the pod stays Pending, the container waiting in
+  CreateContainerConfigError with the kubelet's message (`secret "x" not found`,
+  `couldn't find key k in Secret ns/x`), and a Warning Event Failed.
+
+`envFrom` is not read, and an env `resourceFieldRef` is not resolved (the variable is
+left out).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import datetime
+import json
 import logging
 import os
 import queue
@@ -31,10 +73,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
@@ -56,6 +100,18 @@ STATUS_SECONDS = 5.0
 KUBELET_VERSION = "v1.37.2"
 # An image with this tag is reported as one that cannot be pulled (ErrImagePull).
 UNPULLABLE_TAG = ":unpullable"
+# How often deadlines, projected tokens and pods that could not start are looked at.
+TICK_SECONDS = 0.5
+# A pod whose volumes or env could not be set up is tried again after this long (a
+# kubelet backs off further; a test should not wait for it).
+RETRY_SECONDS = 1.0
+# A kubelet renews a projected token once 80% of its lifetime has passed, or once it is 24
+# hours old (pkg/kubelet/token/token_manager.go, requiresRefresh).
+TOKEN_REFRESH_FRACTION = 0.8
+TOKEN_MAX_AGE = datetime.timedelta(hours=24)
+DEFAULT_TOKEN_SECONDS = 3600
+# Where a projected volume's files go, under the pod's work directory.
+VOLUMES_DIR = "volumes"
 
 
 def _now() -> datetime.datetime:
@@ -64,6 +120,103 @@ def _now() -> datetime.datetime:
 
 def _stamp(t: datetime.datetime | None = None) -> str:
     return (t or _now()).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def refresh_due(issued_at: datetime.datetime, expires_at: datetime.datetime,
+                now: datetime.datetime) -> bool:
+    """Whether a projected token issued at `issued_at` and valid until `expires_at` is to
+    be requested again at `now`: once TOKEN_REFRESH_FRACTION of its lifetime has passed,
+    or once it is TOKEN_MAX_AGE old, whichever comes first, as a kubelet decides (without
+    its random jitter of up to 10 seconds, so that the decision is the same every time)."""
+    lifetime = expires_at - issued_at
+    return now >= issued_at + min(lifetime * TOKEN_REFRESH_FRACTION, TOKEN_MAX_AGE)
+
+
+def _under(value: str, mount_path: str) -> bool:
+    return value == mount_path or value.startswith(mount_path + "/")
+
+
+def mapped_env(env: Mapping[str, str], mounts: Mapping[str, Path]) -> dict[str, str]:
+    """The container's env as the process sees it: a process has no mounts, so a value
+    that names a mountPath (equal to it, or starting with it followed by `/`) gets the
+    local directory that stands for that mount in its place. The longest matching
+    mountPath wins, as the innermost of nested mounts does; other values are unchanged."""
+    paths = sorted(((p.rstrip("/"), local) for p, local in mounts.items() if p.rstrip("/")),
+                   key=lambda pair: len(pair[0]), reverse=True)
+    out = {}
+    for name, value in env.items():
+        for mount_path, local in paths:
+            if _under(value, mount_path):
+                value = str(local) + value[len(mount_path):]
+                break
+        out[name] = value
+    return out
+
+
+class MountFailed(Exception):
+    """A volume cannot be set up; a kubelet leaves the pod in ContainerCreating and says
+    why in a FailedMount Event."""
+
+    def __init__(self, volume: str, message: str) -> None:
+        super().__init__(message)
+        self.volume = volume
+
+
+class ContainerConfigError(Exception):
+    """The container's configuration (its env) cannot be made; a kubelet reports the
+    container waiting in CreateContainerConfigError with this message."""
+
+
+# What a request to the API server may fail with: an answer, or no answer at all (the API
+# server restarting). A kubelet reports either as the reason a container cannot start.
+_API_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError)
+
+
+def _api_message(e: Exception) -> str:
+    """The API server's own message for a failed request (`serviceaccounts "x" not
+    found`), or what kept the request from being answered."""
+    if not isinstance(e, ApiException):
+        return str(e)
+    try:
+        message = json.loads(e.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or e.reason or e)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    """Writes `data` to `path` (mode 0600) atomically: a reader sees the old content or
+    the new one, never a part (a renewed token is written over the one in use)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    temporary = path.with_name(f".{path.name}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    os.replace(temporary, path)
+
+
+@dataclass
+class ProjectedToken:
+    """One serviceAccountToken file of a pod, with what it takes to request it again."""
+
+    path: Path
+    service_account: str
+    audience: str
+    expiration_seconds: int
+    issued_at: datetime.datetime
+    expires_at: datetime.datetime
+    # After a failed renewal, not before this (the old token stays until it expires).
+    retry_at: datetime.datetime | None = None
+
+
+@dataclass
+class Blocked:
+    """A pod whose volumes or env could not be set up: its newest object, what was last
+    reported about it, and when to try again."""
+
+    pod: Any
+    reported: tuple[str, str] | None
+    retry_at: float
 
 
 @dataclass
@@ -82,6 +235,7 @@ class PodProcess:
     # the exit is then reported that way instead of as a plain exit code.
     ending: str | None = None
     reported: bool = False
+    tokens: list[ProjectedToken] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -96,6 +250,7 @@ class DevNode:
         self.extra_path = extra_path
         self.pods: dict[str, PodProcess] = {}  # by pod uid
         self.finished: set[str] = set()  # uids whose status we reported as terminal
+        self.blocked: dict[str, Blocked] = {}  # by pod uid: could not start yet, retried
         self.lost = False
         self.stopping = threading.Event()
         self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -237,27 +392,39 @@ class DevNode:
                     time.sleep(0.5)
 
     def work_loop(self) -> None:
-        """Handles every pod change, process exit and tick, one at a time, in order."""
+        """Handles every pod change, process exit and tick, one at a time, in order. A
+        tick comes every TICK_SECONDS even while events keep coming."""
+        last_tick = time.monotonic()
         while not self.stopping.is_set():
             try:
-                kind, item = self.events.get(timeout=0.5)
+                kind, item = self.events.get(timeout=TICK_SECONDS)
             except queue.Empty:
-                kind, item = "tick", None
-            try:
-                if kind == "pod":
-                    self._on_pod(item)
-                elif kind == "deleted":
-                    self._forget(item.metadata.uid, kill=True)
-                elif kind == "exited":
-                    self._on_exit(item)
-                elif kind == "lost":
-                    for proc in list(self.pods.values()):
-                        self._kill(proc, signal.SIGKILL)
-                    self.pods.clear()
-                elif kind == "tick":
-                    self._check_deadlines()
-            except Exception as e:
-                log.exception("event=work-failed kind=%s error=%r", kind, e)
+                pass
+            else:
+                self._handle(kind, item)
+            if time.monotonic() - last_tick >= TICK_SECONDS:
+                last_tick = time.monotonic()
+                self._handle("tick", None)
+
+    def _handle(self, kind: str, item: Any) -> None:
+        try:
+            if kind == "pod":
+                self._on_pod(item)
+            elif kind == "deleted":
+                self._forget(item.metadata.uid, kill=True)
+            elif kind == "exited":
+                self._on_exit(item)
+            elif kind == "lost":
+                for proc in list(self.pods.values()):
+                    self._kill(proc, signal.SIGKILL)
+                self.pods.clear()
+                self.blocked.clear()
+            elif kind == "tick" and not self.lost:
+                self._check_deadlines()
+                self._retry_blocked()
+                self._refresh_tokens()
+        except Exception as e:
+            log.exception("event=work-failed kind=%s error=%r", kind, e)
 
     def _on_pod(self, pod: Any) -> None:
         if self.lost:
@@ -303,9 +470,28 @@ class DevNode:
             self._report_pull_failure(pod, container)
             return
         argv = [*(container.command or []), *(container.args or [])]
-        env = self._env(pod, container)
         pod_dir = self.work_dir / f"{namespace}_{name}_{uid[:8]}"
         pod_dir.mkdir(parents=True, exist_ok=True)
+        # A kubelet mounts the volumes first, then makes the container's configuration.
+        try:
+            mounts, tokens = self._mount_volumes(pod, container, pod_dir)
+        except MountFailed as e:
+            # A kubelet that cannot fetch a token (or a ConfigMap, a Secret) for a projected
+            # volume does not put that in the pod's status: the container waits in
+            # ContainerCreating and the error is in a FailedMount Event. We report exactly
+            # that, not CreateContainerConfigError, so that whatever reads the pod here
+            # sees what it will see on a real cluster.
+            self._block(pod, container, "ContainerCreating", "", event=(
+                "FailedMount", f'MountVolume.SetUp failed for volume "{e.volume}" : {e}'),
+                about_container=False)
+            return
+        try:
+            env = self._env(pod, container, mounts)
+        except ContainerConfigError as e:
+            self._block(pod, container, "CreateContainerConfigError", str(e),
+                        event=("Failed", f"Error: {e}"), about_container=True)
+            return
+        self.blocked.pop(uid, None)
         log_path = pod_dir / f"{container.name}.log"
         started = _now()
         deadline = None
@@ -325,7 +511,7 @@ class DevNode:
             self._report_start_failure(pod, container.name, str(e))
             return
         proc = PodProcess(namespace, name, uid, container.name, process, log_path,
-                          started, deadline)
+                          started, deadline, tokens=tokens)
         self.pods[uid] = proc
         log.info("event=started pod=%s/%s pid=%s", namespace, name, process.pid)
         self._patch_status(namespace, name, {
@@ -420,10 +606,13 @@ class DevNode:
         self._forget(uid, kill=False)
 
     def _forget(self, uid: str, *, kill: bool) -> None:
+        """The pod is gone: its process too, its tokens are no longer renewed, and a pod
+        that could not start is no longer retried."""
         proc = self.pods.pop(uid, None)
         if proc is not None and kill and proc.process.poll() is None:
             self._kill(proc, signal.SIGKILL)
         self.finished.discard(uid)
+        self.blocked.pop(uid, None)
 
     def _report_pull_failure(self, pod: Any, container: Any) -> None:
         """Images are never pulled here; one tagged UNPULLABLE_TAG plays an image that
@@ -456,9 +645,205 @@ class DevNode:
             }],
         })
 
+    def _block(self, pod: Any, container: Any, reason: str, message: str, *,
+               event: tuple[str, str], about_container: bool) -> None:
+        """The container cannot start yet: report it waiting in `reason`, the pod Pending,
+        and say why in an Event (about the pod, or `about_container`), once per distinct
+        cause; try again later."""
+        uid = pod.metadata.uid
+        previous = self.blocked.get(uid)
+        blocked = Blocked(pod, previous.reported if previous else None,
+                          time.monotonic() + RETRY_SECONDS)
+        self.blocked[uid] = blocked
+        cause = (reason, event[1])
+        if blocked.reported == cause:
+            return
+        log.info("event=container-not-started pod=%s/%s reason=%s message=%r",
+                 pod.metadata.namespace, pod.metadata.name, reason, event[1])
+        self._post_event(pod, container.name if about_container else None, *event)
+        waiting = {"reason": reason, **({"message": message} if message else {})}
+        self._patch_status(pod.metadata.namespace, pod.metadata.name, {
+            "phase": "Pending", "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
+            "startTime": _stamp(pod.status.start_time) if pod.status.start_time else _stamp(),
+            "conditions": self._conditions(ready=False),
+            "containerStatuses": [{
+                "name": container.name, "ready": False, "restartCount": 0,
+                "image": container.image or "", "imageID": "", "started": False,
+                "state": {"waiting": waiting},
+            }],
+        })
+        blocked.reported = cause
+
+    def _retry_blocked(self) -> None:
+        """As a kubelet's pod worker does, try again to start what could not start (a
+        ServiceAccount, Secret or ConfigMap created meanwhile lets it)."""
+        now = time.monotonic()
+        for blocked in list(self.blocked.values()):
+            if blocked.retry_at <= now:
+                self._start(blocked.pod)
+
+    def _post_event(self, pod: Any, container: str | None, reason: str, message: str) -> None:
+        """A Warning Event about the pod (or, with `container`, one of its containers),
+        as a kubelet records it."""
+        now = _now()
+        involved = {"apiVersion": "v1", "kind": "Pod", "namespace": pod.metadata.namespace,
+                    "name": pod.metadata.name, "uid": pod.metadata.uid}
+        if container is not None:
+            involved["fieldPath"] = f"spec.containers{{{container}}}"
+        body = {
+            "metadata": {"name": f"{pod.metadata.name}.{time.time_ns():x}",
+                         "namespace": pod.metadata.namespace},
+            "involvedObject": involved,
+            "reason": reason, "message": message, "type": "Warning",
+            "source": {"component": "kubelet", "host": NODE_NAME},
+            "reportingComponent": "kubelet", "reportingInstance": NODE_NAME,
+            "firstTimestamp": _stamp(now), "lastTimestamp": _stamp(now), "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(pod.metadata.namespace, body)
+        except ApiException as e:
+            log.warning("event=event-failed pod=%s/%s status=%s", pod.metadata.namespace,
+                        pod.metadata.name, e.status)
+
+    # -- volumes -----------------------------------------------------------------------
+
+    def _mount_volumes(self, pod: Any, container: Any,
+                       pod_dir: Path) -> tuple[dict[str, Path], list[ProjectedToken]]:
+        """Writes out every projected volume the container mounts; returns each mount's
+        local directory by mountPath, and the tokens to renew. Raises MountFailed."""
+        volumes = {v.name: v for v in pod.spec.volumes or []}
+        mounts: dict[str, Path] = {}
+        tokens: list[ProjectedToken] = []
+        written: set[str] = set()
+        for mount in container.volume_mounts or []:
+            volume = volumes.get(mount.name)
+            if volume is None or volume.projected is None:
+                continue  # not materialized: the mountPath stays as it is
+            local = pod_dir / VOLUMES_DIR / volume.name
+            if volume.name not in written:
+                tokens += self._project(pod, volume.name, volume.projected.sources or [], local)
+                written.add(volume.name)
+            mounts[mount.mount_path] = local / mount.sub_path if mount.sub_path else local
+        return mounts, tokens
+
+    def _project(self, pod: Any, volume: str, sources: list[Any],
+                 local: Path) -> list[ProjectedToken]:
+        tokens: list[ProjectedToken] = []
+        files: dict[str, bytes] = {}
+        for source in sources:
+            if source.service_account_token is not None:
+                projection = source.service_account_token
+                token = ProjectedToken(
+                    local / projection.path, pod.spec.service_account_name or "default",
+                    projection.audience or "",
+                    projection.expiration_seconds or DEFAULT_TOKEN_SECONDS, _now(), _now())
+                meta = pod.metadata
+                try:
+                    files[projection.path] = self._request_token(
+                        meta.namespace, meta.name, meta.uid, token).encode()
+                except _API_ERRORS as e:
+                    raise MountFailed(volume, f"failed to fetch token: {_api_message(e)}") from e
+                tokens.append(token)
+            elif source.config_map is not None:
+                files.update(self._project_keys(pod, volume, source.config_map, "configmap"))
+            elif source.secret is not None:
+                files.update(self._project_keys(pod, volume, source.secret, "secret"))
+            elif source.downward_api is not None:
+                for item in source.downward_api.items or []:
+                    if item.field_ref is None:
+                        raise MountFailed(volume, "resourceFieldRef is not supported by the "
+                                                  "development node")
+                    files[item.path] = self._field(pod, item.field_ref.field_path).encode()
+            else:
+                raise MountFailed(volume, "this projected volume source is not supported by "
+                                          "the development node")
+        for path, data in files.items():
+            try:
+                _write_file(local / path, data)
+            except OSError as e:
+                raise MountFailed(volume, str(e)) from e
+        return tokens
+
+    def _project_keys(self, pod: Any, volume: str, source: Any,
+                      kind: str) -> dict[str, bytes]:
+        """The files of a configMap or secret projection: every key, or the listed items."""
+        ns, optional = pod.metadata.namespace, bool(source.optional)
+        try:
+            if kind == "secret":
+                obj = self.core.read_namespaced_secret(source.name, ns)
+                data = {k: base64.b64decode(v) for k, v in (obj.data or {}).items()}
+            else:
+                obj = self.core.read_namespaced_config_map(source.name, ns)
+                data = {k: v.encode() for k, v in (obj.data or {}).items()}
+                data.update({k: base64.b64decode(v) for k, v in (obj.binary_data or {}).items()})
+        except _API_ERRORS as e:
+            missing = isinstance(e, ApiException) and e.status == 404
+            if missing and optional:
+                return {}
+            message = f'{kind} "{source.name}" not found' if missing else _api_message(e)
+            raise MountFailed(volume, message) from e
+        if not source.items:
+            return data
+        files = {}
+        for item in source.items:
+            if item.key in data:
+                files[item.path] = data[item.key]
+            elif not optional:
+                raise MountFailed(volume, f"{kind} references non-existent "
+                                          f"{'secret' if kind == 'secret' else 'config'} key: "
+                                          f"{item.key}")
+        return files
+
+    def _request_token(self, namespace: str, name: str, uid: str,
+                       token: ProjectedToken) -> str:
+        """A TokenRequest as a kubelet makes it for a projected volume: the pod's
+        ServiceAccount, the source's audience (none: the API server's defaults), bound to
+        the Pod so that it stops authenticating once the pod is gone."""
+        spec: dict[str, Any] = {
+            "expirationSeconds": token.expiration_seconds,
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid},
+        }
+        if token.audience:
+            spec["audiences"] = [token.audience]
+        answer = self.core.create_namespaced_service_account_token(
+            token.service_account, namespace,
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
+        # The API server may grant another lifetime than asked; the kubelet dates the
+        # token from what was granted, and so do we.
+        granted = answer.spec.expiration_seconds or token.expiration_seconds
+        token.expires_at = answer.status.expiration_timestamp
+        token.issued_at = token.expires_at - datetime.timedelta(seconds=granted)
+        token.retry_at = None
+        return str(answer.status.token)
+
+    def _refresh_tokens(self) -> None:
+        """Renews the projected tokens of running processes that are due (`refresh_due`),
+        each file rewritten atomically; a failed renewal keeps the old token and is tried
+        again after RETRY_SECONDS."""
+        now = _now()
+        for proc in list(self.pods.values()):
+            if proc.process.poll() is not None:
+                continue
+            for token in proc.tokens:
+                if not refresh_due(token.issued_at, token.expires_at, now) or (
+                        token.retry_at is not None and now < token.retry_at):
+                    continue
+                try:
+                    _write_file(token.path, self._request_token(
+                        proc.namespace, proc.name, proc.uid, token).encode())
+                    log.info("event=token-renewed pod=%s/%s path=%s expires=%s",
+                             proc.namespace, proc.name, token.path, _stamp(token.expires_at))
+                except _API_ERRORS as e:
+                    token.retry_at = now + datetime.timedelta(seconds=RETRY_SECONDS)
+                    log.warning("event=token-renewal-failed pod=%s/%s error=%r",
+                                proc.namespace, proc.name, _api_message(e))
+
     # -- small pieces ------------------------------------------------------------------
 
-    def _env(self, pod: Any, container: Any) -> dict[str, str]:
+    def _env(self, pod: Any, container: Any, mounts: Mapping[str, Path]) -> dict[str, str]:
+        """The process's environment: a few basics, then the container's env with
+        `valueFrom` resolved and mountPaths mapped (`mapped_env`). Raises
+        ContainerConfigError where a kubelet reports CreateContainerConfigError."""
         env = {
             "PATH": os.pathsep.join(p for p in (self.extra_path, os.environ.get("PATH", "")) if p),
             "HOME": os.environ.get("HOME", "/tmp"),
@@ -466,38 +851,62 @@ class DevNode:
             "PYTHONUNBUFFERED": "1",
             "HOSTNAME": pod.metadata.name,
         }
+        declared: dict[str, str] = {}
         for var in container.env or []:
-            if var.value is not None:
-                env[var.name] = var.value
-            elif var.value_from is not None:
+            if var.value_from is not None:
                 value = self._resolve(pod, var.value_from)
                 if value is not None:
-                    env[var.name] = value
-        return env
+                    declared[var.name] = value
+            else:
+                declared[var.name] = var.value or ""
+        return {**env, **mapped_env(declared, mounts)}
 
     def _resolve(self, pod: Any, source: Any) -> str | None:
-        import base64
-
+        """One env valueFrom, with a kubelet's messages for what is missing; None for a
+        missing optional reference (the variable is left out, as a kubelet does)."""
         ns = pod.metadata.namespace
-        try:
-            if source.secret_key_ref is not None:
-                ref = source.secret_key_ref
-                data = self.core.read_namespaced_secret(ref.name, ns).data or {}
-                return base64.b64decode(data[ref.key]).decode() if ref.key in data else None
-            if source.config_map_key_ref is not None:
-                ref = source.config_map_key_ref
-                return (self.core.read_namespaced_config_map(ref.name, ns).data or {}).get(ref.key)
-        except ApiException:
-            return None
+        for kind, ref in (("Secret", source.secret_key_ref),
+                          ("ConfigMap", source.config_map_key_ref)):
+            if ref is None:
+                continue
+            try:
+                if kind == "Secret":
+                    data = {k: base64.b64decode(v).decode() for k, v in
+                            (self.core.read_namespaced_secret(ref.name, ns).data or {}).items()}
+                else:
+                    data = self.core.read_namespaced_config_map(ref.name, ns).data or {}
+            except _API_ERRORS as e:
+                missing = isinstance(e, ApiException) and e.status == 404
+                if missing and ref.optional:
+                    return None
+                raise ContainerConfigError(f'{kind.lower()} "{ref.name}" not found'
+                                           if missing else _api_message(e)) from e
+            if ref.key in data:
+                return str(data[ref.key])
+            if ref.optional:
+                return None
+            raise ContainerConfigError(f"couldn't find key {ref.key} in {kind} {ns}/{ref.name}")
         if source.field_ref is not None:
-            path = source.field_ref.field_path
-            return {
-                "metadata.name": pod.metadata.name, "metadata.namespace": ns,
-                "metadata.uid": pod.metadata.uid, "spec.nodeName": NODE_NAME,
-                "status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1",
-                "spec.serviceAccountName": pod.spec.service_account_name or "",
-            }.get(path)
+            return self._field(pod, source.field_ref.field_path)
         return None
+
+    @staticmethod
+    def _field(pod: Any, path: str) -> str:
+        """A downward API fieldRef, for env and for downwardAPI volume items."""
+        meta = pod.metadata
+        for prefix, values in (("metadata.labels", meta.labels or {}),
+                               ("metadata.annotations", meta.annotations or {})):
+            if path == prefix:
+                return "\n".join(f"{k}={json.dumps(v)}" for k, v in sorted(values.items()))
+            if path.startswith(prefix + "['") and path.endswith("']"):
+                return str(values.get(path[len(prefix) + 2:-2], ""))
+        return {
+            "metadata.name": meta.name, "metadata.namespace": meta.namespace,
+            "metadata.uid": meta.uid, "spec.nodeName": NODE_NAME,
+            "status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1",
+            "status.podIPs": "127.0.0.1", "status.hostIPs": "127.0.0.1",
+            "spec.serviceAccountName": pod.spec.service_account_name or "",
+        }.get(path, "")
 
     @staticmethod
     def _conditions(*, ready: bool) -> list[dict[str, Any]]:
