@@ -49,6 +49,8 @@ class Reason:
     STALE: Final = "Stale"
     # Refused at launch, before any pod: no tool can have run (toolsExecuted []).
     MODEL_NOT_ALLOWED: Final = "ModelNotAllowed"
+    # The API server refused the runner pod as invalid (422): it never will accept it.
+    POD_INVALID: Final = "PodInvalid"
     SESSION_BUSY: Final = "SessionBusy"
     SESSION_NOT_OWNED: Final = "SessionNotOwned"
     # Non-failures.
@@ -56,6 +58,11 @@ class Reason:
     POD_CREATED: Final = "PodCreated"
     STARTED: Final = "Started"
     RETRYING: Final = "Retrying"
+    # Pending, and saying why (when the operator cannot act, or the pod cannot start).
+    POD_CREATE_FAILED: Final = "PodCreateFailed"
+    POD_WAITING: Final = "PodWaiting"
+    POD_UNSCHEDULABLE: Final = "Unschedulable"
+    INPUT_FORBIDDEN: Final = "InputForbidden"
     SUCCEEDED: Final = "Succeeded"
     CANCELLED: Final = "Cancelled"
 
@@ -80,6 +87,8 @@ class ReplayReason:
     INPUT_GONE: Final = "InputGone"
     RUN_NOT_FOUND: Final = "RunNotFound"
     ALREADY_REPLAYED: Final = "AlreadyReplayed"
+    # Approved, but the replay run could not be created (condition Approved Unknown).
+    RUN_CREATION_FAILED: Final = "RunCreationFailed"
 
 
 class Condition:

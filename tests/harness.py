@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agentrun_devtools.controlplane import REPO, ControlPlane
-from agentrun_devtools.processes import Child, ProcessDied, wait_for
+from agentrun_devtools.processes import Child, ProcessDied, free_port, wait_for
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import store
@@ -34,6 +35,10 @@ class Operator:
         self.scripted = scripted
         self.child: Child | None = None
         self.starts = 0
+        self.store_api_url = ""  # where it serves the store API (from its start-up line)
+        # One port for the life of this operator, restarts included: its runner pods keep
+        # the store API URL they were given.
+        self.store_api_port = free_port()
 
     def start(self) -> Operator:
         self.starts += 1
@@ -42,6 +47,7 @@ class Operator:
         self.child = Child(
             "operator",
             [str(Path(sys.executable).parent / "agentrun-operator"),
+             f"--store-api-listen=127.0.0.1:{self.store_api_port}",
              *(["--allow-scripted-model"] if self.scripted else []), *self.args],
             self.log_dir / f"operator-{self.starts}.log", env=env)
         marker = "event=started"
@@ -53,6 +59,9 @@ class Operator:
             return marker in self.child.log_path.read_text(errors="replace")
 
         wait_for(ready, timeout=60, what="operator")
+        found = re.search(r"event=started .*store_api=(\S+)", self.child.log_path.read_text(
+            errors="replace"))
+        self.store_api_url = found.group(1) if found else ""
         return self
 
     def kill(self) -> None:
@@ -166,6 +175,10 @@ def as_operator(system: System, fn: Callable[[Any], Awaitable[T]], **config: Any
         api = kube_config.new_client_from_config(
             config_file=str(system.plane.operator_kubeconfig))
         engine = store.make_engine(system.store_url)
+        # The runner pods it creates reach the store through the session operator's store
+        # API (the same store), and may use the scripted model, as the tests' runs do.
+        config.setdefault("store_api_url", system.operator.store_api_url)
+        config.setdefault("allow_scripted_model", True)
         ctx = Context(config=OperatorConfig(database_url=system.store_url, **config),
                       engine=engine, kube=Kube(api))
         try:

@@ -20,6 +20,7 @@ Runs and attempts (status: vocabulary.RunStatus)
     await record_run(engine, uid, namespace, name, agent, trigger, user_id, input_digest,
                      replay_of=None) -> bool                               operator, idempotent
     await start_attempt(engine, uid, attempt, session_id, pod_name)        operator, idempotent
+    await record_pod(engine, uid, attempt, pod_uid)      operator: the attempt's pod exists
     await begin_attempt(engine, uid, attempt, app_name, user_id, session_id)     runner
     await record_invocation(engine, uid, attempt, invocation_id)                 runner
     await record_outcome(engine, uid, attempt, status, reason=None, message=None) -> bool
@@ -93,12 +94,14 @@ from agentrun.store.replays import (
     approval_of_replay_run,
     approve_replay,
     get_replay_approval,
+    release_replay,
     replays_of,
 )
 from agentrun.store.retention import purge_old_events
 from agentrun.store.runs import (
     Attempt,
     AttemptIdentity,
+    InvocationRecorded,
     Outcome,
     Run,
     RunNotRecorded,
@@ -110,6 +113,7 @@ from agentrun.store.runs import (
     get_run,
     record_invocation,
     record_outcome,
+    record_pod,
     record_run,
     set_tools_executed,
     settle,
@@ -124,6 +128,7 @@ __all__ = [
     "AttemptSettled",
     "Claim",
     "Input",
+    "InvocationRecorded",
     "LedgerEntry",
     "OutboxRow",
     "Outcome",
@@ -163,9 +168,11 @@ __all__ = [
     "put_input",
     "record_invocation",
     "record_outcome",
+    "record_pod",
     "record_run",
     "record_side_effect",
     "redact",
+    "release_replay",
     "replays_of",
     "session_app",
     "session_service_url",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -143,3 +143,11 @@ async def approval_of_replay_run(
                                   replays.c.replay_run_name == replay_run_name)
             .order_by(replays.c.decided_at.desc()).limit(1))).one_or_none()
     return None if row is None else _approval(row)
+
+
+async def release_replay(engine: AsyncEngine, uid: str) -> bool:
+    """Withdraws the approval of replay `uid` (its run could never be created), freeing
+    the original's one non-forced slot. Returns whether there was one."""
+    async with engine.begin() as conn:
+        result = await conn.execute(delete(replays).where(replays.c.uid == uid))
+    return bool(result.rowcount)

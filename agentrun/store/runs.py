@@ -29,6 +29,10 @@ class RunNotRecorded(LookupError):
     """An attempt was started for a run uid the store has never seen."""
 
 
+class InvocationRecorded(RuntimeError):
+    """The attempt's invocation was recorded already, as another one."""
+
+
 @dataclass(frozen=True)
 class Run:
     uid: str
@@ -64,6 +68,7 @@ class Attempt:
     run_uid: str
     attempt: int
     pod_name: str | None
+    pod_uid: str | None
     app_name: str | None
     user_id: str | None
     session_id: str | None
@@ -104,7 +109,7 @@ def _outcome(row: Row[Any]) -> Outcome | None:
 def _attempt(row: Row[Any]) -> Attempt:
     return Attempt(
         run_uid=row.run_uid, attempt=row.attempt, pod_name=row.pod_name,
-        app_name=row.app_name, user_id=row.user_id, session_id=row.session_id,
+        pod_uid=row.pod_uid, app_name=row.app_name, user_id=row.user_id, session_id=row.session_id,
         invocation_id=row.invocation_id, status=row.status, reason=row.reason,
         message=row.message, tools_executed=row.tools_executed, outcome=_outcome(row),
         started_at=row.started_at, runner_started_at=row.runner_started_at,
@@ -188,6 +193,14 @@ async def start_attempt(
         )
 
 
+async def record_pod(engine: AsyncEngine, uid: str, attempt: int, pod_uid: str) -> None:
+    """The attempt's pod exists (created, or found ours after a lost answer)."""
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(attempts).where(*_attempt_key(uid, attempt), attempts.c.pod_uid.is_(None))
+            .values(pod_uid=pod_uid))
+
+
 async def begin_attempt(
     engine: AsyncEngine, uid: str, attempt: int, app_name: str, user_id: str, session_id: str
 ) -> None:
@@ -221,13 +234,24 @@ async def record_invocation(
     engine: AsyncEngine, uid: str, attempt: int, invocation_id: str
 ) -> None:
     """Records the ADK invocation of this attempt's turn, before its first model call:
-    only that invocation's session events belong to this attempt."""
+    only that invocation's session events belong to this attempt. Written once: a second
+    invocation could otherwise re-point which session events count for the attempt."""
     async with engine.begin() as conn:
         result = await conn.execute(
-            update(attempts).where(*_attempt_key(uid, attempt)).values(invocation_id=invocation_id)
+            update(attempts).where(
+                *_attempt_key(uid, attempt),
+                or_(attempts.c.invocation_id.is_(None), attempts.c.invocation_id == invocation_id),
+            ).values(invocation_id=invocation_id)
         )
+        if result.rowcount != 1:
+            found = (await conn.execute(
+                select(attempts.c.invocation_id).where(*_attempt_key(uid, attempt))
+            )).one_or_none()
     if result.rowcount != 1:
-        raise RunNotRecorded(f"attempt {attempt} of run {uid} was never begun")
+        if found is None:
+            raise RunNotRecorded(f"attempt {attempt} of run {uid} was never begun")
+        raise InvocationRecorded(f"attempt {attempt} of run {uid} already recorded invocation "
+                                 f"{found.invocation_id}; its session events are that turn's")
 
 
 async def record_outcome(

@@ -97,6 +97,8 @@ attempts = Table(
     Column("run_uid", String(64), primary_key=True),
     Column("attempt", Integer, primary_key=True),
     Column("pod_name", String(253)),
+    # Set once the pod was created (None: not created yet, as far as the store knows).
+    Column("pod_uid", String(64)),
     # The ADK session this attempt used, and the invocation of its turn: only events of
     # that invocation belong to this attempt (a chat session holds earlier turns).
     Column("app_name", String(253)),

@@ -23,7 +23,9 @@ class OperatorConfig:
     # The store API, which runner pods use instead of a database credential: served in
     # this process on `store_api_listen` (the development cluster; "" = not here), and
     # reached by runners at `store_api_url` (default: where this process serves it).
-    store_api_listen: str = "127.0.0.1:0"
+    # A fixed port by default: runner pods keep the URL they were given, so an operator
+    # that restarts must serve the store API where it did before.
+    store_api_listen: str = "127.0.0.1:8089"
     store_api_url: str = ""
     store_api_audience: str = STORE_AUDIENCE
     # The scripted model lets whoever creates a run choose every tool call: off unless
@@ -39,7 +41,15 @@ class OperatorConfig:
     # the same as the runner pods' tolerations, so we act when Kubernetes would evict.
     node_lost_grace: datetime.timedelta = datetime.timedelta(
         seconds=DEFAULT_TOLERATION_SECONDS)
-    check_interval: float = 10.0
+    # How often every live run is looked at again without an event (a safety net under
+    # the watches; deadlines are scheduled, not polled).
+    check_interval: float = 300.0
+    workers: int = 8
+    # Runner pods of a settled run are deleted this long after it settled (None: kept).
+    pod_ttl_after_finished: datetime.timedelta | None = datetime.timedelta(hours=1)
+    # Leader election: the namespace of the Lease ("" = none: this replica always acts).
+    leader_election_namespace: str = ""
+    leader_election_seconds: float = 15.0
     metrics_port: int = 0  # 0: no metrics endpoint
     # ADK session events older than this are purged daily (0: never).
     event_retention: datetime.timedelta = datetime.timedelta(days=90)
@@ -58,10 +68,11 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
     p.add_argument("--database-url", default=_env("DATABASE_URL", DEV_DATABASE_URL),
                    help="SQLAlchemy URL of the run store (env DATABASE_URL; default: the "
                         "development cluster's SQLite file .local/agentrun.db)")
-    p.add_argument("--store-api-listen", default=_env("AGENTRUN_STORE_API_LISTEN", "127.0.0.1:0"),
+    p.add_argument("--store-api-listen",
+                   default=_env("AGENTRUN_STORE_API_LISTEN", "127.0.0.1:8089"),
                    help="serve the store API for runner pods in this process on HOST:PORT "
-                        "(port 0: any free one; empty: not here, a separate "
-                        "agentrun-store-api serves it)")
+                        "(empty: not here, a separate agentrun-store-api serves it). Keep "
+                        "the port across restarts: runner pods keep the URL they were given")
     p.add_argument("--store-api-url", default=_env("AGENTRUN_STORE_API_URL", ""),
                    help="the store API's URL as runner pods reach it (default: where this "
                         "process serves it)")
@@ -93,8 +104,21 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
                    help="seconds a node may be NotReady before its runs fail NodeLost "
                         "(default: the toleration seconds)")
     p.add_argument("--check-interval", type=float,
-                   default=float(_env("AGENTRUN_CHECK_INTERVAL_SECONDS", "10")),
-                   help="seconds between the safety-net checks of each live run")
+                   default=float(_env("AGENTRUN_CHECK_INTERVAL_SECONDS", "300")),
+                   help="seconds between resyncs of every live run (a safety net under the "
+                        "watches; deadlines are scheduled, not polled)")
+    p.add_argument("--workers", type=int, default=int(_env("AGENTRUN_WORKERS", "8")),
+                   help="reconciles running at once")
+    p.add_argument("--pod-ttl-after-finished", type=float,
+                   default=float(_env("AGENTRUN_POD_TTL_AFTER_FINISHED_SECONDS", "3600")),
+                   help="seconds a settled run's pods are kept (negative: forever)")
+    p.add_argument("--leader-election-namespace",
+                   default=_env("AGENTRUN_LEADER_ELECTION_NAMESPACE", ""),
+                   help="elect one active replica with a Lease in this namespace (empty: no "
+                        "election, this replica acts; run only one then)")
+    p.add_argument("--leader-election-seconds", type=float,
+                   default=float(_env("AGENTRUN_LEADER_ELECTION_SECONDS", "15")),
+                   help="how long a silent leader keeps the Lease before a standby takes over")
     p.add_argument("--metrics-port", type=int, default=int(_env("AGENTRUN_METRICS_PORT", "0")))
     p.add_argument("--event-retention-days", type=float,
                    default=float(_env("AGENTRUN_EVENT_RETENTION_DAYS", "90")),
@@ -119,6 +143,11 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
         toleration_seconds=a.toleration_seconds,
         node_lost_grace=datetime.timedelta(seconds=grace),
         check_interval=a.check_interval,
+        workers=max(1, a.workers),
+        pod_ttl_after_finished=None if a.pod_ttl_after_finished < 0 else
+        datetime.timedelta(seconds=a.pod_ttl_after_finished),
+        leader_election_namespace=a.leader_election_namespace,
+        leader_election_seconds=a.leader_election_seconds,
         metrics_port=a.metrics_port,
         event_retention=datetime.timedelta(days=a.event_retention_days),
     )

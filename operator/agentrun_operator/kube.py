@@ -20,7 +20,25 @@ from agentrun.vocabulary import GROUP, REPLAY_PLURAL, RUN_PLURAL, VERSION
 
 
 class InputMissing(Exception):
-    """An input file's ConfigMap/Secret (or key) cannot be read."""
+    """An input file's ConfigMap/Secret (or key) does not exist."""
+
+
+class InputForbidden(Exception):
+    """The operator may not read an input file's ConfigMap/Secret (its RBAC, not the
+    run's fault: it may be granted later)."""
+
+
+class Conflict(Exception):
+    """A write lost to a newer one (resourceVersion precondition): read again, decide
+    again."""
+
+
+def api_message(e: ApiException) -> str:
+    """The API server's own sentence for a refusal."""
+    try:
+        return str(json.loads(e.body or "{}").get("message") or e.reason)
+    except ValueError:
+        return str(e.reason)
 
 
 def _json(response: Any) -> dict[str, Any]:
@@ -66,6 +84,46 @@ class Kube:
     async def patch_run_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         await self._patch_status(RUN_PLURAL, namespace, name, status)
 
+    async def replace_status(self, plural: str, obj: Mapping[str, Any],
+                             status: Mapping[str, Any]) -> dict[str, Any]:
+        """Writes the whole status of `obj` as `status`, only if `obj` is still the newest
+        (its resourceVersion is the precondition): one write per transition, nulls
+        included, and a stale writer gets Conflict instead of overwriting."""
+        meta = obj["metadata"]
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": obj.get("kind"),
+                "metadata": {"name": meta["name"], "namespace": meta["namespace"],
+                             "resourceVersion": meta["resourceVersion"]},
+                "status": dict(status)}
+        try:
+            response = await asyncio.to_thread(
+                self.custom.replace_namespaced_custom_object_status, GROUP, VERSION,
+                meta["namespace"], plural, meta["name"], body, _preload_content=False)
+        except ApiException as e:
+            if e.status == 409:
+                raise Conflict(api_message(e)) from e
+            raise
+        return _json(response)
+
+    async def patch_finalizers(self, plural: str, obj: Mapping[str, Any],
+                               finalizers: Sequence[str]) -> dict[str, Any]:
+        """Sets metadata.finalizers, only if `obj` is still the newest (JSON patch test)."""
+        meta = obj["metadata"]
+        ops = [{"op": "test", "path": "/metadata/resourceVersion",
+                "value": meta["resourceVersion"]},
+               {"op": "add", "path": "/metadata/finalizers", "value": list(finalizers)}]
+        try:
+            response = await asyncio.to_thread(
+                self.custom.patch_namespaced_custom_object, GROUP, VERSION, meta["namespace"],
+                plural, meta["name"], ops, _content_type="application/json-patch+json",
+                _preload_content=False)
+        except ApiException as e:
+            if e.status in (409, 422):  # 422: the test op failed (someone wrote first)
+                raise Conflict(api_message(e)) from e
+            if e.status == 404:
+                return {}
+            raise
+        return _json(response)
+
     async def patch_replay_status(
         self, namespace: str, name: str, status: Mapping[str, Any]
     ) -> None:
@@ -102,10 +160,28 @@ class Kube:
 
     # -- pods ------------------------------------------------------------------------------
 
-    async def create_pod(self, manifest: Mapping[str, Any]) -> bool:
-        """Creates a pod; False if it exists already (a retried handler: 409 means done)."""
+    async def create_pod(self, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Creates a pod and returns it; None if one of that name exists already."""
         ns = manifest["metadata"]["namespace"]
-        return await self._create(self.core.create_namespaced_pod, ns, dict(manifest))
+        try:
+            response = await asyncio.to_thread(self.core.create_namespaced_pod, ns,
+                                               dict(manifest), _preload_content=False)
+        except ApiException as e:
+            if e.status == 409:
+                return None
+            raise
+        return _json(response)
+
+    async def dry_run_create_pod(self, manifest: Mapping[str, Any]) -> None:
+        """Server-side dry run of a pod create (admission included); raises if refused."""
+        await asyncio.to_thread(self.core.create_namespaced_pod,
+                                manifest["metadata"]["namespace"], dict(manifest),
+                                dry_run="All")
+
+    async def dry_run_create_run(self, manifest: Mapping[str, Any]) -> None:
+        await asyncio.to_thread(self.custom.create_namespaced_custom_object, GROUP, VERSION,
+                                manifest["metadata"]["namespace"], RUN_PLURAL, dict(manifest),
+                                dry_run="All")
 
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._read(self.core.read_namespaced_pod, name, namespace)
@@ -145,8 +221,8 @@ class Kube:
         for f in files:
             if f.get("configMapKeyRef"):
                 ref, kind = f["configMapKeyRef"], "ConfigMap"
-                obj = await self._read(self.core.read_namespaced_config_map, ref["name"],
-                                       namespace)
+                obj = await self._read_input(self.core.read_namespaced_config_map, kind,
+                                             ref["name"], namespace)
                 if obj is not None and ref["key"] in (obj.get("data") or {}):
                     out[f["name"]] = obj["data"][ref["key"]].encode()
                     continue
@@ -155,7 +231,8 @@ class Kube:
                     continue
             else:
                 ref, kind = f["secretKeyRef"], "Secret"
-                obj = await self._read(self.core.read_namespaced_secret, ref["name"], namespace)
+                obj = await self._read_input(self.core.read_namespaced_secret, kind,
+                                             ref["name"], namespace)
                 if obj is not None and ref["key"] in (obj.get("data") or {}):
                     out[f["name"]] = base64.b64decode(obj["data"][ref["key"]])
                     continue
@@ -165,6 +242,18 @@ class Kube:
                 + (f"{what} does not exist" if obj is None
                    else f"{what} has no key {ref['key']!r}"))
         return out
+
+    async def _read_input(self, method: Any, kind: str, name: str,
+                          namespace: str) -> dict[str, Any] | None:
+        try:
+            return await self._read(method, name, namespace)
+        except ApiException as e:
+            if e.status == 403:
+                raise InputForbidden(
+                    f"the operator may not read {kind} {namespace}/{name} "
+                    f"({api_message(e)}); grant it get on {kind.lower()}s in {namespace}, "
+                    "or watch only namespaces it may read") from e
+            raise
 
     # -- internals -------------------------------------------------------------------------
 

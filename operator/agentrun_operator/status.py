@@ -110,3 +110,33 @@ def stale_message(limit: datetime.timedelta) -> str:
     else:
         figure = f"{seconds}s"
     return f"no completion was recorded within {figure}; its actual outcome is unknown"
+
+
+def node_ready(node: Mapping[str, Any]) -> bool:
+    """Whether a node's Ready condition is True."""
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (node.get("status") or {}).get("conditions") or [])
+
+
+def pod_waiting(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """Why a runner pod that has not started waits, as (reason, message) for a Pending run:
+    the scheduler cannot place it, or its container cannot be created (a Secret its env
+    names is missing, a volume cannot be mounted). None when there is nothing to say."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    name = meta.get("name", "?")
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False" \
+                and condition.get("reason") == "Unschedulable":
+            return (Reason.POD_UNSCHEDULABLE,
+                    f"Runner pod {name} cannot be scheduled: "
+                    f"{condition.get('message') or 'no node fits it'}. It stays Pending "
+                    "until a node fits it; nothing has run.")
+    for container in status.get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        why = waiting.get("reason")
+        if why and why not in ("ContainerCreating", "PodInitializing"):
+            detail = f": {waiting['message']}" if waiting.get("message") else ""
+            return (Reason.POD_WAITING,
+                    f"Runner pod {name} cannot start its container ({why}{detail}). It "
+                    "stays Pending until that is fixed; nothing has run.")
+    return None

@@ -320,8 +320,11 @@ class Routes:
 
     async def invocation(self, request: web.Request, caller: Caller) -> None:
         data = await _body(request)
-        await store.record_invocation(self.engine, caller.run_uid, caller.attempt,
-                                      _field(data, "invocationId", str))
+        try:
+            await store.record_invocation(self.engine, caller.run_uid, caller.attempt,
+                                          _field(data, "invocationId", str))
+        except store.InvocationRecorded as e:
+            raise Refused(409, str(e)) from e
 
     async def outcome(self, request: web.Request, caller: Caller) -> dict[str, Any]:
         data = await _body(request)

@@ -30,8 +30,9 @@ from google.adk.sessions.session import Session
 # A store API that restarts is back within seconds; a request that never left (connection
 # refused) is sent again, a few times. A request that may have arrived is never repeated
 # blindly: the ledger decides what a repeated call means (store API open_call).
-CONNECT_RETRIES = 5
+CONNECT_RETRIES = 8
 CONNECT_BACKOFF_SECONDS = 0.2
+CONNECT_BACKOFF_MAX_SECONDS = 5.0
 TIMEOUT_SECONDS = 30.0
 
 
@@ -105,7 +106,8 @@ class StoreClient:
                 if attempt == CONNECT_RETRIES:
                     raise StoreUnreachable(
                         f"the store API at {self.url} cannot be reached: {e}") from e
-                await asyncio.sleep(CONNECT_BACKOFF_SECONDS * 2 ** attempt)
+                await asyncio.sleep(min(CONNECT_BACKOFF_MAX_SECONDS,
+                                        CONNECT_BACKOFF_SECONDS * 2 ** attempt))
             except httpx.HTTPError as e:
                 raise StoreUnreachable(f"the store API at {self.url} failed: "
                                        f"{type(e).__name__}: {e}") from e

@@ -5,10 +5,11 @@ would, and the tests read what the user reads (status, message, Events, the runs
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from agentrun_devtools.processes import wait_for
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import store
 from agentrun.vocabulary import (
@@ -140,15 +141,19 @@ def test_succeeded_original_is_refused(system: System, namespace: str) -> None:
 def test_unknown_tools_are_refused(system: System, namespace: str) -> None:
     """toolsExecuted unknown, as after a run store that could not be read.
 
-    We make it unknown by removing the settled run's status.toolsExecuted (missing means
-    unknown, as null does). A null would say the same, but the operator's safety net reads
-    a null back from the store within its check interval: that is its job, and it would
-    race this test. tests/replay/test_handler.py covers the null through the handler.
+    The decision reads the store, so that is where we make it unknown (NULL), as a settle
+    that could not count leaves it; the status keeps its [] (the operator's safety net
+    acts on a null status, and would race this test). tests/replay/test_handler.py covers
+    the null through the handler.
     """
-    evicted_before_any_tool(system, namespace, "murky")
-    system.kubectl("patch", "-n", namespace, "agentrun/murky", "--subresource=status",
-                   "--type=json", "-p",
-                   json.dumps([{"op": "remove", "path": "/status/toolsExecuted"}]))
+    run = evicted_before_any_tool(system, namespace, "murky")
+
+    async def forget(engine: AsyncEngine) -> None:
+        async with engine.begin() as conn:
+            await conn.execute(text("UPDATE runs SET tools_executed = NULL WHERE uid = :u"),
+                               {"u": run["metadata"]["uid"]})
+
+    system.store(forget)
     create_replay(system, namespace, "murky-again", "murky")
     replay = wait_decided(system, namespace, "murky-again")
     assert_refused(replay, ReplayReason.TOOL_STATE_UNKNOWN,

@@ -33,10 +33,19 @@ T = TypeVar("T")
 
 def settled_original(system: System, namespace: str, name: str, tools: Any) -> None:
     """An AgentRun settled Failed with `tools`, on a snapshot in the store (nobody runs it:
-    no operator watches this namespace, so we write its status as the operator would)."""
+    no operator watches this namespace, so we write its run row and status as the
+    operator would; the decision reads the run row)."""
     text = unique_text()
     digest = system.store(lambda e: store.put_input(e, text))
     system.apply(in_namespace(agent_run(name, [{"text": "x"}], text=text), namespace))
+    uid = system.run(namespace, name)["metadata"]["uid"]
+
+    async def record(e: Any) -> None:
+        await store.record_run(e, uid, namespace, name, "support-agent", "manual", "default",
+                               digest)
+        await store.settle(e, uid, 1, "failed", "Evicted", "evicted", tools)
+
+    system.store(record)
     status = {"phase": Phase.FAILED, "reason": "Evicted", "message": "evicted",
               "inputDigest": digest, "attempts": 1, "toolsExecuted": tools}
     system.kubectl("patch", "-n", namespace, f"agentrun/{name}", "--subresource=status",
