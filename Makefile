@@ -62,10 +62,12 @@ install: ## install the CRDs and the admission policy into the current kube cont
 uninstall: ## remove the CRDs and the admission policy from the current kube context
 	$(KUBECTL) delete --ignore-not-found -f crds/
 
-# The operator, locally, against the current kube context. On the development cluster
-# (no KUBECONFIG set) it uses .local/operator.kubeconfig: that identity is in the group
-# agentrun:operators, which the admission policy lets set spec.replayOf.
-RUN_KUBECONFIG ?= $(or $(KUBECONFIG),$(wildcard $(LOCAL)/operator.kubeconfig))
+# The operator, locally, against the current kube context. On the development cluster it
+# uses .local/operator.kubeconfig, also when the admin's .local/kubeconfig is exported (as
+# the README does): that identity is in the group agentrun:operators, which the admission
+# policy lets set spec.replayOf. As the admin, every replay run it creates is refused.
+DEV_KUBECONFIG := $(LOCAL)/kubeconfig
+RUN_KUBECONFIG ?= $(if $(filter $(DEV_KUBECONFIG),$(abspath $(KUBECONFIG))),$(LOCAL)/operator.kubeconfig,$(or $(KUBECONFIG),$(wildcard $(LOCAL)/operator.kubeconfig)))
 
 # `make run` is a development target: the scripted model (samples/agentrun-scripted.yaml)
 # is on. The chart leaves it off (operator.allowScriptedModel).

@@ -168,7 +168,7 @@ def as_operator(system: System, fn: Callable[[Any], Awaitable[T]], **config: Any
     store), to call a lifecycle or replay step directly, exactly when a test wants it."""
     from agentrun_operator.config import OperatorConfig
     from agentrun_operator.kube import Kube
-    from agentrun_operator.lifecycle import Context
+    from agentrun_operator.reconcile import Context
     from kubernetes import config as kube_config
 
     async def go() -> T:

@@ -1,24 +1,59 @@
-"""Kubernetes Events on our objects (what `kubectl describe` shows), posted through kopf."""
+"""Kubernetes Events on our objects (what `kubectl describe` shows), from component
+`agentrun-operator`.
+
+Events are posted in the background, never in a reconcile's way (an eviction's Failed is
+not held up by its Event), through the operator's API client, once `configure` has been
+called; before that (a step called directly in a test) the status says the same.
+"""
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
+import datetime
+import logging
 from collections.abc import Mapping
 from typing import Any
 
-import kopf
+from kubernetes import client
 
 from agentrun.vocabulary import API_VERSION, REPLAY_KIND, RUN_KIND
+
+log = logging.getLogger("agentrun.operator")
+COMPONENT = "agentrun-operator"
+
+_core: Any = None
+_pending: set[asyncio.Task[None]] = set()
+
+
+def configure(api: client.ApiClient | None) -> None:
+    """Where Events go (None: nowhere)."""
+    global _core
+    _core = None if api is None else client.CoreV1Api(api)
 
 
 def post(obj: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
     """Posts an Event on an AgentRun or AgentRunReplay (told apart by its spec)."""
+    if _core is None:
+        return
     meta = obj["metadata"]
     kind = REPLAY_KIND if "runName" in (obj.get("spec") or {}) else RUN_KIND
-    ref = kopf.Body({"apiVersion": API_VERSION, "kind": kind,
-                     "metadata": {"name": meta["name"], "namespace": meta["namespace"],
-                                  "uid": meta["uid"]}})
-    # Outside a running operator (a test calling a step directly) kopf has no event queue;
-    # the status says the same.
-    with contextlib.suppress(LookupError):
-        (kopf.warn if warning else kopf.info)(ref, reason=reason, message=message)
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body = {
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {"apiVersion": API_VERSION, "kind": kind, "name": meta["name"],
+                           "namespace": meta["namespace"], "uid": meta["uid"]},
+        "reason": reason, "message": message[:1024],
+        "type": "Warning" if warning else "Normal",
+        "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    }
+    task = asyncio.get_running_loop().create_task(_send(meta["namespace"], body))
+    _pending.add(task)
+    task.add_done_callback(_pending.discard)
+
+
+async def _send(namespace: str, body: dict[str, Any]) -> None:
+    try:
+        await asyncio.to_thread(_core.create_namespaced_event, namespace, body)
+    except Exception as e:  # an Event is a courtesy; the status is the record
+        log.warning("event=event-post-failed reason=%s error=%r", body["reason"], e)

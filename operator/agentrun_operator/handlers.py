@@ -1,44 +1,67 @@
-"""kopf handlers: what is watched, and which lifecycle step each change calls.
+"""kopf handlers: what is watched, and how each change reaches the work queue.
 
-Handlers are registered on a registry built from the configuration (the check interval is
-configuration), and stay a few lines each: the work is in lifecycle.py and replay.py.
+Every handler is a few lines of in-memory work: remember the object, put its key on the
+queue. The reconciles (reconcile.py for AgentRuns, replay.py for AgentRunReplays) run in
+the workers started here, only on the replica that holds the leader Lease when leader
+election is on. kopf is asked to watch and to post Events, and nothing else: there are
+no change-detecting handlers on our kinds, so kopf writes no progress or diff-base
+annotations into them (the spec is immutable; the reconcile reads the state it needs).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
+import random
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
+from kubernetes import client
 
 from agentrun import store
 from agentrun.vocabulary import (
-    ANNOTATION_FORCE_REPLAY,
     GROUP,
     LABEL_RUN,
     REPLAY_PLURAL,
     RUN_PLURAL,
     VERSION,
     Phase,
+    ReplayPhase,
 )
-from agentrun_operator import lifecycle, metrics, replay, retention, store_api
+from agentrun_operator import events, metrics, retention, startup_checks, store_api
 from agentrun_operator.config import OperatorConfig
+from agentrun_operator.informer import Informer, key_of
 from agentrun_operator.kube import Kube
-from agentrun_operator.lifecycle import Context
+from agentrun_operator.leader import LeaderElection
+from agentrun_operator.reconcile import Context, slim_node, slim_pod, slim_run, work
+from agentrun_operator.replay import reconcile_replay
 
 log = logging.getLogger("agentrun.operator")
-FINALIZER = f"{GROUP}/finalizer"
+# Threads for the (synchronous) Kubernetes client: reconciles, informers and the store
+# API's TokenReviews share them; asyncio's default of a few would queue them up.
+API_THREADS = 32
 
 
-def _needs_check(status: kopf.Status, **_: Any) -> bool:
-    """Live runs, and settled ones whose toolsExecuted is still unknown (null)."""
-    phase = status.get("phase")
-    if phase in Phase.LIVE:
+def _newer(cached: Mapping[str, Any] | None, seen: Mapping[str, Any]) -> bool:
+    """Whether `seen` is not older than what we hold (our own write's answer may be ahead
+    of the watch). resourceVersions are opaque; compare them only when both are numbers."""
+    if cached is None:
         return True
-    return phase in Phase.TERMINAL and "toolsExecuted" in status and \
-        status.get("toolsExecuted") is None
+    a = str(cached["metadata"].get("resourceVersion") or "")
+    b = str(seen["metadata"].get("resourceVersion") or "")
+    return not (a.isdigit() and b.isdigit() and int(b) < int(a))
+
+
+def _needs_look(run: Mapping[str, Any]) -> bool:
+    """Runs a resync looks at: live ones, and settled ones with something left to do."""
+    status = run.get("status") or {}
+    phase = status.get("phase")
+    return phase not in Phase.TERMINAL or status.get("toolsExecuted", []) is None or \
+        bool((run.get("metadata") or {}).get("deletionTimestamp"))
 
 
 def register(config: OperatorConfig) -> kopf.OperatorRegistry:
@@ -53,13 +76,15 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-        settings.persistence.finalizer = FINALIZER
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage()
         settings.watching.server_timeout = 300
         settings.posting.level = logging.INFO
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(API_THREADS, "kube"))
         await store.migrate(config.database_url)
         metrics.serve(config.metrics_port)
         kube = Kube()
+        kube.api.configuration.connection_pool_maxsize = API_THREADS
+        events.configure(kube.api)
         running = config
         memo.store_api = None
         if config.store_api_listen:
@@ -72,71 +97,144 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
                 audience=config.store_api_audience)
             if not config.store_api_url:
                 running = dataclasses.replace(config, store_api_url=memo.store_api.url)
-        memo.ctx = Context(config=running, engine=store.make_engine(config.database_url),
-                           kube=kube)
-        memo.purge = asyncio.create_task(retention.purge_daily(memo.ctx))
-        log.info("event=started store=%s store_api=%s namespaces=%s",
+        ctx = memo.ctx = Context(config=running, engine=store.make_engine(
+            config.database_url, pool_size=5, max_overflow=5), kube=kube)
+        core = client.CoreV1Api(kube.api)
+        watched = kopf_namespace_filter(config.namespaces)
+
+        def on_pod(pod: dict[str, Any], deleted: bool) -> None:
+            run = (pod["metadata"].get("labels") or {}).get(LABEL_RUN)
+            if not run:
+                return
+            key = key_of(pod)
+            if deleted:
+                ctx.gone[key] = pod
+            ctx.queue.add(("run", key[0], run))
+
+        def on_node(node: dict[str, Any], deleted: bool) -> None:
+            name = node["metadata"]["name"]
+            if ctx.pods is None:
+                return
+            for pod in ctx.pods.objects.values():
+                if (pod.get("spec") or {}).get("nodeName") == name:
+                    run = (pod["metadata"].get("labels") or {}).get(LABEL_RUN)
+                    if run:
+                        ctx.queue.add(("run", pod["metadata"]["namespace"], run))
+
+        # Runner pods only, filtered by the API server; nodes (few) all.
+        ctx.pods = Informer("pods", core.list_pod_for_all_namespaces, slim=slim_pod,
+                            on_change=on_pod, label_selector=LABEL_RUN,
+                            watched=watched).start()
+        ctx.nodes = Informer("nodes", core.list_node, slim=slim_node,
+                             on_change=on_node).start()
+        await asyncio.wait_for(asyncio.gather(ctx.pods.synced.wait(), ctx.nodes.synced.wait()),
+                               timeout=120)
+        memo.tasks = [asyncio.create_task(retention.purge_daily(ctx))]
+
+        async def lead() -> None:
+            memo.workers = [asyncio.create_task(work(ctx, reconcile_replay))
+                            for _ in range(running.workers)]
+            resync_all(ctx)
+
+        async def step_down() -> None:
+            for task in memo.workers:
+                task.cancel()
+            memo.workers = []
+
+        memo.workers = []
+        memo.election = None
+        if config.leader_election_namespace:
+            memo.election = LeaderElection(kube.api, config.leader_election_namespace,
+                                           duration=config.leader_election_seconds,
+                                           renew=config.leader_election_seconds / 3)
+            memo.tasks.append(asyncio.create_task(memo.election.run(lead, step_down)))
+        else:
+            await lead()
+        memo.tasks.append(asyncio.create_task(_resync_forever(ctx)))
+        memo.tasks.append(asyncio.create_task(startup_checks.check(ctx)))
+        log.info("event=started store=%s store_api=%s namespaces=%s workers=%s election=%s",
                  store.redact(config.database_url), running.store_api_url,
-                 ",".join(config.namespaces) or "*")
+                 ",".join(config.namespaces) or "*", running.workers,
+                 config.leader_election_namespace or "off")
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-        memo.purge.cancel()
+        for task in [*memo.workers, *memo.tasks]:
+            task.cancel()
+        for task in [*memo.workers, *memo.tasks]:
+            with contextlib.suppress(BaseException):
+                await task
+        if memo.election is not None:
+            await asyncio.to_thread(memo.election.release)
+        memo.ctx.pods.stop()
+        memo.ctx.nodes.stop()
         if memo.store_api is not None:
             await memo.store_api.stop()
             await memo.store_api_engine.dispose()
         await memo.ctx.engine.dispose()
 
-    @kopf.on.create(GROUP, VERSION, RUN_PLURAL, registry=registry)
-    async def created(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await lifecycle.launch(memo.ctx, body)
+    @kopf.on.event(GROUP, VERSION, RUN_PLURAL, registry=registry)
+    async def run_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        ctx: Context = memo.ctx
+        key = (body.metadata.namespace or "", body.metadata.name or "")
+        if type == "DELETED":
+            ctx.runs.pop(key, None)
+            return
+        seen = slim_run(body)
+        if _newer(ctx.runs.get(key), seen):
+            ctx.runs[key] = seen
+        ctx.queue.add(("run", *key))
 
-    @kopf.on.resume(GROUP, VERSION, RUN_PLURAL, registry=registry)
-    async def resumed(body: kopf.Body, status: kopf.Status, memo: kopf.Memo, **_: Any) -> None:
-        # A run whose pod was created is followed by the pod watch and the check timer;
-        # creating its pod again (it may have vanished meanwhile) would be a second copy.
-        if not status.get("podName"):
-            await lifecycle.launch(memo.ctx, body)
-
-    @kopf.on.delete(GROUP, VERSION, RUN_PLURAL, registry=registry)
-    async def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await lifecycle.cancel(memo.ctx, body)
-
-    @kopf.timer(GROUP, VERSION, RUN_PLURAL, interval=config.check_interval,
-                when=_needs_check, registry=registry)
-    async def check(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await lifecycle.check(memo.ctx, body)
-
-    @kopf.on.event("", "v1", "pods", labels={LABEL_RUN: kopf.PRESENT}, registry=registry)
-    async def pod_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        # Errors here are not retried by kopf: the check timer is the net under them.
-        try:
-            await lifecycle.observe_pod(memo.ctx, body, gone=type == "DELETED")
-        except Exception:
-            log.exception("event=pod-event-failed pod=%s/%s", body.metadata.namespace,
-                          body.metadata.name)
-
-    @kopf.on.event("", "v1", "nodes", registry=registry)
-    async def node_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await lifecycle.observe_node(memo.ctx, body, gone=type == "DELETED")
-
-    # -- AgentRunReplay: decided on creation, and again when the force annotation is added
-    # to a Refused one (replay.reconcile leaves Approved ones, and unforced Refused ones, be).
-
-    @kopf.on.create(GROUP, VERSION, REPLAY_PLURAL, registry=registry)
-    async def replay_created(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await replay.reconcile(memo.ctx, body)
-
-    @kopf.on.update(GROUP, VERSION, REPLAY_PLURAL, id="replay-forced", registry=registry,
-                    field=("metadata", "annotations", ANNOTATION_FORCE_REPLAY))
-    async def replay_forced(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await replay.reconcile(memo.ctx, body)
-
-    @kopf.on.resume(GROUP, VERSION, REPLAY_PLURAL, registry=registry)
-    async def replay_resumed(body: kopf.Body, status: kopf.Status, memo: kopf.Memo,
-                             **_: Any) -> None:
-        # Only undecided ones: a force added while we were down comes as an update.
-        if not status.get("phase"):
-            await replay.reconcile(memo.ctx, body)
+    @kopf.on.event(GROUP, VERSION, REPLAY_PLURAL, registry=registry)
+    async def replay_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        ctx: Context = memo.ctx
+        key = (body.metadata.namespace or "", body.metadata.name or "")
+        if type == "DELETED":
+            ctx.replays.pop(key, None)
+            return
+        seen = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+                "metadata": dict(body.metadata), "spec": dict(body.spec),
+                "status": dict(body.status)}
+        if _newer(ctx.replays.get(key), seen):
+            ctx.replays[key] = seen
+        ctx.queue.add(("replay", *key))
 
     return registry
+
+
+def resync_all(ctx: Context) -> None:
+    """Every run and replay with something possibly left to do, on the queue."""
+    for (namespace, name), run in list(ctx.runs.items()):
+        if _needs_look(run):
+            ctx.queue.add(("run", namespace, name))
+    for (namespace, name), replay in list(ctx.replays.items()):
+        phase = (replay.get("status") or {}).get("phase")
+        if phase != ReplayPhase.APPROVED or not (replay.get("status") or {}).get(
+                "replayRunName"):
+            ctx.queue.add(("replay", namespace, name))
+
+
+async def _resync_forever(ctx: Context) -> None:
+    """The safety net under the watches: every run looked at again now and then
+    (jittered, so that replicas and restarts do not sweep in step)."""
+    while True:
+        await asyncio.sleep(ctx.config.check_interval * random.uniform(0.9, 1.1))
+        resync_all(ctx)
+
+
+def kopf_namespace_filter(patterns: tuple[str, ...]) -> Any:
+    """The namespaces kopf watches, as a predicate: the same glob patterns, `!` to
+    exclude (kopf's own syntax), so that the pod informer follows the same namespaces."""
+    import fnmatch
+
+    if not patterns:
+        return lambda _: True
+    includes = [p for p in patterns if not p.startswith("!")]
+    excludes = [p[1:] for p in patterns if p.startswith("!")]
+
+    def watched(namespace: str) -> bool:
+        if any(fnmatch.fnmatchcase(namespace, p) for p in excludes):
+            return False
+        return not includes or any(fnmatch.fnmatchcase(namespace, p) for p in includes)
+
+    return watched

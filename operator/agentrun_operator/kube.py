@@ -56,8 +56,9 @@ class Kube:
                 config.load_kube_config()
             api = client.ApiClient()
         self.api = api
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
+        # Untyped: the calls here take plain dicts and mostly return raw responses.
+        self.core: Any = client.CoreV1Api(api)
+        self.custom: Any = client.CustomObjectsApi(api)
 
     # -- runs and replays ----------------------------------------------------------------
 

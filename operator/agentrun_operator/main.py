@@ -22,7 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     registry = register(config)
     asyncio.run(kopf.operator(
         registry=registry,
-        standalone=True,  # no peering objects needed; run one replica (see docs)
+        # No kopf peering: replicas elect one active among them with a Lease
+        # (--leader-election-namespace; see leader.py), and kopf on every replica only
+        # watches and fills the work queue.
+        standalone=True,
         clusterwide=not config.namespaces,
         namespaces=list(config.namespaces),
         memo=kopf.Memo(),

@@ -15,22 +15,26 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
 from agentrun import store
 from agentrun.vocabulary import (
     ANNOTATION_INPUT_DIGEST,
     API_VERSION,
     LABEL_REPLAY_OF,
+    REPLAY_PLURAL,
     RUN_KIND,
     Condition,
     Phase,
     ReplayPhase,
+    ReplayReason,
     RunStatus,
 )
 from agentrun_operator import events
 from agentrun_operator import status as st
 from agentrun_operator.decide import Decision, Original, decide, is_forced
-from agentrun_operator.lifecycle import Context, now
+from agentrun_operator.kube import api_message
+from agentrun_operator.reconcile import Context, now
 
 log = logging.getLogger("agentrun.operator")
 
@@ -105,15 +109,27 @@ async def original_facts(ctx: Context, original: Mapping[str, Any] | None) -> Or
                     reason=recorded.reason or "")
 
 
-async def reconcile(ctx: Context, replay: Mapping[str, Any]) -> None:
-    """Decides a replay (on creation, and again when the force annotation is added to a
-    Refused one) and applies the decision. An Approved replay is final."""
+async def reconcile_replay(ctx: Context, namespace: str, name: str) -> float | None:
+    """The work queue's entry point: the replay as the watch last showed it."""
+    replay = ctx.replays.get((namespace, name))
+    if replay is None and ctx.pods is None:  # no caches (a step called directly)
+        replay = await ctx.kube.read_replay(namespace, name)
+    if replay is None:
+        return None
+    return await reconcile(ctx, replay)
+
+
+async def reconcile(ctx: Context, replay: Mapping[str, Any]) -> float | None:
+    """Decides a replay (while it is undecided, and again when the force annotation is
+    added to a Refused one) and applies the decision. An Approved replay whose run exists
+    is final. Returns when to try again (a run that could not be created yet)."""
     meta, spec, status = replay["metadata"], replay.get("spec") or {}, replay.get("status") or {}
     forced = is_forced(meta.get("annotations"))
-    if status.get("phase") == ReplayPhase.APPROVED:
-        return
-    if status.get("phase") == ReplayPhase.REFUSED and not forced:
-        return
+    if status.get("phase") == ReplayPhase.APPROVED and status.get("replayRunName"):
+        return None
+    if status.get("phase") == ReplayPhase.REFUSED and (not forced or status.get(
+            "reason") == ReplayReason.RUN_CREATION_FAILED):
+        return None
     run_name = spec["runName"]
     original = await ctx.kube.read_run(meta["namespace"], run_name)
     facts = await original_facts(ctx, original)
@@ -133,7 +149,11 @@ async def reconcile(ctx: Context, replay: Mapping[str, Any]) -> None:
 
     if decision.approved:
         if original is not None and facts is not None and facts.input_digest:
-            await _create_run(ctx, replay_run(replay, original, new_name, facts.input_digest))
+            try:
+                await _create_run(ctx, replay_run(replay, original, new_name,
+                                                  facts.input_digest))
+            except ApiException as e:
+                return await _run_not_created(ctx, replay, decision, facts, tools, new_name, e)
         elif await ctx.kube.read_run(meta["namespace"], new_name) is None:
             # Approved before, but the original (or its snapshot's name) vanished before
             # its run was created: say so rather than create a run on nothing.
@@ -147,6 +167,42 @@ async def reconcile(ctx: Context, replay: Mapping[str, Any]) -> None:
     if decision.approved and original is not None:
         events.post(original, "Replayed", f"AgentRunReplay {meta['name']} was approved "
                     f"({decision.reason}): AgentRun {new_name} runs it again on the same input.")
+    return None
+
+
+async def _run_not_created(
+    ctx: Context, replay: Mapping[str, Any], decision: Decision, facts: Original | None,
+    tools: list[str] | None, new_name: str, e: ApiException,
+) -> float | None:
+    """The API server refused the replay run. The replay says so (Approved Unknown,
+    RunCreationFailed, the server's message) instead of the operator's log alone. Invalid
+    (422/400): it never will be created; the approval is released, so that another replay
+    is not refused AlreadyReplayed for a run that never existed. Anything else (forbidden:
+    the operator runs with a credential the replayOf policy refuses; the server): retried
+    with backoff."""
+    meta = replay["metadata"]
+    said = api_message(e)
+    permanent = e.status in (400, 422)
+    if permanent:
+        await store.release_replay(ctx.engine, meta["uid"])
+        message = (f"Approved ({decision.reason}), but the API server refused the replay run "
+                   f"{new_name} as invalid: {said}. The approval was released.")
+    else:
+        message = (f"Approved ({decision.reason}), but the replay run {new_name} could not be "
+                   f"created ({e.status} {e.reason}): {said}. Retrying with backoff"
+                   + ("; the operator must run with its own credential (ServiceAccount "
+                      "agentrun-operator, or a member of group agentrun:operators), which "
+                      "the replayOf admission policy lets create replay runs" if e.status == 403
+                      else "") + ".")
+    failed = Decision(ReplayPhase.REFUSED if permanent else ReplayPhase.PENDING,
+                      ReplayReason.RUN_CREATION_FAILED, message)
+    await _write_status(ctx, replay, failed, facts, tools, None, condition_status="Unknown")
+    events.post(replay, ReplayReason.RUN_CREATION_FAILED, message, warning=True)
+    log.warning("event=replay-run-not-created replay=%s/%s status=%s message=%r",
+                meta["namespace"], meta["name"], e.status, said)
+    if permanent:
+        return None
+    return ctx.queue.failed(("replay", meta["namespace"], meta["name"]))
 
 
 async def _claim(
@@ -197,11 +253,11 @@ async def _create_run(ctx: Context, manifest: Mapping[str, Any]) -> None:
 
 async def _write_status(
     ctx: Context, replay: Mapping[str, Any], decision: Decision, facts: Original | None,
-    tools: list[str] | None, new_name: str | None,
+    tools: list[str] | None, new_name: str | None, *, condition_status: str | None = None,
 ) -> None:
     meta, previous = replay["metadata"], replay.get("status") or {}
     stamp = st.stamp(now())
-    value = "True" if decision.approved else "False"
+    value = condition_status or ("True" if decision.approved else "False")
     before: Mapping[str, Any] = next((c for c in previous.get("conditions") or []
                    if c.get("type") == Condition.APPROVED), {})
     condition = {"type": Condition.APPROVED, "status": value, "reason": decision.reason,
@@ -219,7 +275,12 @@ async def _write_status(
         patch["toolsExecuted"] = tools
     if new_name is not None:
         patch["replayRunName"] = new_name
-    await ctx.kube.patch_replay_status(meta["namespace"], meta["name"], patch)
+    if meta.get("resourceVersion"):
+        # Only if the replay is still as we read it: a stale decision loses.
+        written = await ctx.kube.replace_status(REPLAY_PLURAL, replay, {**previous, **patch})
+        ctx.replays[(meta["namespace"], meta["name"])] = written
+    else:
+        await ctx.kube.patch_replay_status(meta["namespace"], meta["name"], patch)
 
 
 def _log(replay: Mapping[str, Any], decision: Decision, new_name: str | None) -> None:

@@ -7,7 +7,7 @@ import datetime
 import logging
 
 from agentrun import store
-from agentrun_operator.lifecycle import Context
+from agentrun_operator.reconcile import Context
 
 log = logging.getLogger("agentrun.operator")
 DAY = datetime.timedelta(days=1)

@@ -181,7 +181,11 @@ def classify_failure(error: BaseException) -> Failure:
     )
 
 
+_refused: list[str] = []
+
+
 def _refuse(code: int, event: str, message: str) -> int:
+    _refused.append(message)
     logs.error(event, exit_code=code, message=message)
     print(f"agentrun-runner: {message}", file=sys.stderr, flush=True)
     return code
@@ -378,6 +382,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               trigger=config.trigger, input=config.input_digest)
     code = asyncio.run(run_attempt(config))
     logs.info("runner.exit", exit_code=code)
+    if _refused:
+        # Said again as the last line: the kubelet shows a failed container's last log
+        # lines as its termination message (FallbackToLogsOnError), and so does the run.
+        print(f"agentrun-runner: {_refused[-1]}", file=sys.stderr, flush=True)
     return code
 
 

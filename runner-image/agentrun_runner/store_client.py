@@ -28,11 +28,13 @@ from google.adk.sessions.base_session_service import (
 from google.adk.sessions.session import Session
 
 # A store API that restarts is back within seconds; a request that never left (connection
-# refused) is sent again, a few times. A request that may have arrived is never repeated
-# blindly: the ledger decides what a repeated call means (store API open_call).
-CONNECT_RETRIES = 8
-CONNECT_BACKOFF_SECONDS = 0.2
-CONNECT_BACKOFF_MAX_SECONDS = 5.0
+# refused) is sent again, for about 8 s in all (then the run fails saying so: a store API
+# that is not there at all should show on the run soon, not after minutes). A request
+# that may have arrived is never repeated blindly: the ledger decides what a repeated call
+# means (store API open_call).
+CONNECT_RETRIES = 5
+CONNECT_BACKOFF_SECONDS = 0.25
+CONNECT_BACKOFF_MAX_SECONDS = 4.0
 TIMEOUT_SECONDS = 30.0
 
 

@@ -1,0 +1,690 @@
+"""One level-based reconcile per AgentRun: read the world, take the one next action.
+
+The Job controller's `syncJob` is the model. Pod, node and AgentRun events, resyncs and
+deadlines only put the run's key on the work queue (workqueue.py); a worker then calls
+`reconcile_run`, which reads the AgentRun (the cache kopf's watch keeps), its runner pod
+(the pod informer, filtered server-side), the pod's node (the node informer) and, when
+it matters, the store's attempt row, and takes ONE step:
+
+    deleting              -> stop the pod, record Cancelled with the tools, drop the finalizer
+    no finalizer          -> add it
+    settled               -> fill a toolsExecuted the store could not count; delete pods
+                             past their time-to-live
+    not launched          -> snapshot the input, write the run down, Pending
+    attempt n, no pod     -> create it (or, if the store says it was created, the pod is
+                             gone: the runner's own account, else PodDeleted / PodLost)
+    pod says it ended     -> settle (the fence), then retry or show the end
+    pod runs              -> Running
+    pod waits             -> say why (unschedulable, a Secret missing, ...)
+    past the stale limit  -> Stale
+
+and returns when to look again (a deadline), if ever. Every write carries a precondition
+(the AgentRun's resourceVersion; first writer wins in the store), so a stale reconcile
+(another replica, an older event) loses with Conflict and is simply run again on the
+newer state. There is no branch for "the operator stopped between X and Y": the next
+reconcile reads where things stand and goes on from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from agentrun import store
+from agentrun.vocabulary import (
+    DEFAULT_USER_ID,
+    GROUP,
+    LABEL_RUN,
+    RUN_PLURAL,
+    SCRIPTED_MODEL,
+    Phase,
+    Reason,
+    RunStatus,
+)
+from agentrun_operator import events, metrics
+from agentrun_operator import status as st
+from agentrun_operator.classify import Outcome, classify
+from agentrun_operator.config import OperatorConfig
+from agentrun_operator.informer import Informer, Key
+from agentrun_operator.kube import InputForbidden, InputMissing, Kube, api_message
+from agentrun_operator.pods import pod_name, runner_pod, session_id_for
+from agentrun_operator.workqueue import WorkQueue
+
+log = logging.getLogger("agentrun.operator")
+
+FINALIZER = f"{GROUP}/finalizer"
+_STORE_STATUS = {Phase.SUCCEEDED: RunStatus.SUCCEEDED, Phase.FAILED: RunStatus.FAILED,
+                 Phase.CANCELLED: RunStatus.CANCELLED}
+_PHASE_OF = {v: k for k, v in _STORE_STATUS.items()}
+# Ends decided before any runner could act: no container ran (the image), or no pod was
+# ever created (the input, the model, the session, an invalid pod). toolsExecuted is []
+# without counting.
+_NOTHING_RAN = frozenset({Reason.IMAGE_PULL_FAILED, Reason.INPUT_UNAVAILABLE,
+                          Reason.MODEL_NOT_ALLOWED, Reason.SESSION_BUSY,
+                          Reason.SESSION_NOT_OWNED, Reason.POD_INVALID})
+# Ends after which the pod may still be running, and must be stopped (after the settle,
+# which fences the ledger first).
+_STOP_POD = frozenset({Reason.IMAGE_PULL_FAILED, Reason.DEADLINE_EXCEEDED, Reason.STALE})
+# A pod we created is in the pod informer within this long, or it was deleted.
+EXPECTATION_SECONDS = 30.0
+# Unknown tools are read again this often, until the store answers.
+UNKNOWN_TOOLS_RETRY = 5.0
+# A node that is not Ready is looked at this often (its pods fail NodeLost after a grace).
+NODE_RECHECK = 1.0
+
+RunKey = tuple[str, str, str]  # ("run" | "replay", namespace, name)
+
+
+def now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+@dataclass
+class Context:
+    """What every reconcile shares: configuration, the store, the API, the caches."""
+
+    config: OperatorConfig
+    engine: AsyncEngine
+    kube: Kube
+    queue: WorkQueue[RunKey] = field(default_factory=WorkQueue)
+    # AgentRuns and AgentRunReplays as kopf's watch last saw them (slimmed).
+    runs: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    replays: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    pods: Informer | None = None
+    nodes: Informer | None = None
+    # Pods we created and the pod informer has not shown yet: (namespace, pod) -> when.
+    expected: dict[Key, float] = field(default_factory=dict)
+    # The last state of runner pods deleted while we were watching.
+    gone: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    service_accounts: set[Key] = field(default_factory=set)
+
+    # -- facts -----------------------------------------------------------------------------
+
+    async def run(self, namespace: str, name: str) -> dict[str, Any] | None:
+        found = self.runs.get((namespace, name))
+        if found is None and self.pods is None:  # no caches (a step called directly)
+            found = await self.kube.read_run(namespace, name)
+        return found
+
+    def remember(self, obj: Mapping[str, Any]) -> None:
+        """A write's answer is newer than what the watch showed us so far."""
+        if obj:
+            meta = obj["metadata"]
+            self.runs[(meta["namespace"], meta["name"])] = slim_run(obj)
+
+    async def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        if self.pods is not None and self.pods.synced.is_set():
+            return self.pods.get((namespace, name))
+        return await self.kube.read_pod(namespace, name)
+
+    async def node(self, name: str) -> dict[str, Any] | None:
+        if not name:
+            return None
+        if self.nodes is not None and self.nodes.synced.is_set():
+            return self.nodes.get(("", name))
+        return await self.kube.read_node(name)
+
+    def pods_of(self, namespace: str, run: str) -> list[dict[str, Any]]:
+        if self.pods is None:
+            return []
+        return [p for (ns, _), p in self.pods.objects.items() if ns == namespace and
+                (p["metadata"].get("labels") or {}).get(LABEL_RUN) == run]
+
+
+# -- slim copies for the caches ------------------------------------------------------------
+
+
+def slim_run(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """An AgentRun without what no reconcile reads (its input text: read when launching)."""
+    meta = obj.get("metadata") or {}
+    spec = {k: v for k, v in (obj.get("spec") or {}).items() if k != "input"}
+    keep = ("name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
+            "deletionTimestamp", "finalizers", "labels", "annotations")
+    return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
+            "metadata": {k: meta[k] for k in keep if k in meta}, "spec": spec,
+            "status": dict(obj.get("status") or {})}
+
+
+def slim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A runner pod as classify() and the reconcile read it."""
+    meta = obj.get("metadata") or {}
+    keep = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp", "labels",
+            "annotations", "ownerReferences", "creationTimestamp")
+    spec = obj.get("spec") or {}
+    return {"metadata": {k: meta[k] for k in keep if k in meta},
+            "spec": {"nodeName": spec.get("nodeName")},
+            "status": dict(obj.get("status") or {})}
+
+
+def slim_node(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    return {"metadata": {k: meta[k] for k in ("name", "uid", "resourceVersion") if k in meta},
+            "status": {"conditions": status.get("conditions") or []}}
+
+
+# -- the reconcile ---------------------------------------------------------------------------
+
+
+def current_attempt(status: Mapping[str, Any]) -> int:
+    """The attempt the run's status is about (1 before any is recorded)."""
+    return int(status.get("attempts") or 1)
+
+
+def owns(run: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
+    uid = run["metadata"]["uid"]
+    return any(o.get("uid") == uid for o in (pod.get("metadata") or {}).get(
+        "ownerReferences") or [])
+
+
+def _log(run: Mapping[str, Any], event: str, **fields: Any) -> None:
+    meta = run["metadata"]
+    extra = " ".join(f"{k}={v!r}" if isinstance(v, str) and " " in v else f"{k}={v}"
+                     for k, v in fields.items())
+    log.info("event=%s run=%s/%s %s", event, meta["namespace"], meta["name"], extra)
+
+
+def _since(stamp: str | None) -> datetime.datetime | None:
+    if not stamp:
+        return None
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+async def reconcile_run(ctx: Context, namespace: str, name: str) -> float | None:
+    """Takes the one next step of AgentRun `namespace/name`; returns in how many seconds
+    to look again (None: only when something changes). Raises kube.Conflict when a write
+    lost to a newer one."""
+    run = await ctx.run(namespace, name)
+    if run is None:
+        return None
+    meta, status = run["metadata"], run.get("status") or {}
+    if meta.get("deletionTimestamp"):
+        return await _cancel(ctx, run)
+    if FINALIZER not in (meta.get("finalizers") or []):
+        ctx.remember(await ctx.kube.patch_finalizers(
+            RUN_PLURAL, run, [*(meta.get("finalizers") or []), FINALIZER]))
+        return 0
+    phase = status.get("phase")
+    if phase in Phase.TERMINAL:
+        return await _settled(ctx, run)
+    if not phase or not status.get("inputDigest"):
+        return await _launch(ctx, run)
+    return await _follow(ctx, run)
+
+
+async def _write(ctx: Context, run: Mapping[str, Any], changes: Mapping[str, Any]) -> None:
+    """One status write: the run's status with `changes` (None values are written as
+    null), only if the run is still as we read it."""
+    status = {**(run.get("status") or {}), **changes}
+    ctx.remember(await ctx.kube.replace_status(RUN_PLURAL, run, status))
+
+
+# -- launching ---------------------------------------------------------------------------------
+
+
+async def _launch(ctx: Context, run: Mapping[str, Any]) -> float | None:
+    """Snapshot the input and write the run down (before any pod), then Pending."""
+    meta, spec = run["metadata"], run.get("spec") or {}
+    if spec.get("model") == SCRIPTED_MODEL and not ctx.config.allow_scripted_model:
+        return await _refuse(ctx, run, 1, Reason.MODEL_NOT_ALLOWED, (
+            "spec.model: scripted is turned off on this operator: it lets whoever creates "
+            "a run choose every tool call and its arguments. Use a real model, or start the "
+            "operator with --allow-scripted-model (development clusters and tests only). "
+            "No pod was started."))
+    # The snapshot's digest as the store recorded it, never as a status shows it.
+    recorded = await store.get_run(ctx.engine, meta["uid"])
+    digest = recorded.input_digest if recorded is not None else None
+    if not digest:
+        full = await ctx.kube.read_run(meta["namespace"], meta["name"])
+        if full is None or full["metadata"]["uid"] != meta["uid"]:
+            return None
+        try:
+            digest = await _snapshot(ctx, full)
+        except InputMissing as e:
+            return await _refuse(ctx, run, 1, Reason.INPUT_UNAVAILABLE,
+                                 f"{e} No pod was started; fix the input and create the run "
+                                 "again.")
+        except InputForbidden as e:
+            message = f"The input cannot be read yet: {e}. No pod was started."
+            if (run.get("status") or {}).get("message") != message:
+                await _write(ctx, run, st.live_status(
+                    Phase.PENDING, Reason.INPUT_FORBIDDEN, message, now(),
+                    run.get("status") or {}, observedGeneration=meta.get("generation")))
+                events.post(run, Reason.INPUT_FORBIDDEN, message, warning=True)
+            return ctx.queue.failed(("run", meta["namespace"], meta["name"]))
+        if digest is None:
+            return await _refuse(ctx, run, 1, Reason.INPUT_UNAVAILABLE, _replay_gone(spec))
+        await _record_run(ctx, run, digest)
+    await _write(ctx, run, st.live_status(
+        Phase.PENDING, Reason.CREATED, "The input was snapshotted and the run recorded.",
+        now(), run.get("status") or {}, inputDigest=digest, attempts=current_attempt(
+            run.get("status") or {}), observedGeneration=meta.get("generation")))
+    events.post(run, Reason.CREATED, f"Input snapshotted as {digest}; run recorded.")
+    return 0
+
+
+async def _record_run(ctx: Context, run: Mapping[str, Any], digest: str | None) -> None:
+    """The run's row in the store (idempotent): written before anything runs."""
+    meta, spec = run["metadata"], run.get("spec") or {}
+    await store.record_run(
+        ctx.engine, meta["uid"], meta["namespace"], meta["name"], spec["agent"],
+        spec.get("trigger") or "manual", spec.get("userId") or DEFAULT_USER_ID, digest,
+        replay_of=spec.get("replayOf"))
+
+
+async def _snapshot(ctx: Context, run: Mapping[str, Any]) -> str | None:
+    """Copies the input (text and every file) into the store. A replay runs on the
+    original's snapshot, found through the approval that created it (the store's record,
+    which only the operator writes), never through anything a user could edit; None if
+    that is gone."""
+    meta, spec = run["metadata"], run.get("spec") or {}
+    if spec.get("replayOf"):
+        approval = await store.approval_of_replay_run(ctx.engine, meta["namespace"],
+                                                      meta["name"])
+        original = None
+        if approval is not None and approval.run_name == spec["replayOf"]:
+            original = await store.get_run(ctx.engine, approval.run_uid)
+        digest = original.input_digest if original is not None else None
+        if digest and await store.get_input(ctx.engine, digest) is not None:
+            return digest
+        return None
+    source = spec.get("input") or {}
+    files = await ctx.kube.read_input_files(meta["namespace"], source.get("files") or [])
+    return await store.put_input(ctx.engine, source.get("text") or "", files)
+
+
+def _replay_gone(spec: Mapping[str, Any]) -> str:
+    return (f"The input snapshot of the original run {spec.get('replayOf')} is gone from the "
+            "run store, or no approved AgentRunReplay created this run; no pod was started.")
+
+
+async def _refuse(ctx: Context, run: Mapping[str, Any], attempt: int, reason: str,
+                  message: str) -> float | None:
+    """Fails a run before its pod exists (nothing ran), with the run written down."""
+    await _record_run(ctx, run, (run.get("status") or {}).get("inputDigest"))
+    return await _finish(ctx, run, attempt, Outcome(Phase.FAILED, reason, message))
+
+
+# -- following the current attempt -------------------------------------------------------------
+
+
+async def _follow(ctx: Context, run: Mapping[str, Any]) -> float | None:
+    meta, status = run["metadata"], run.get("status") or {}
+    attempt = current_attempt(status)
+    pname = pod_name(meta["name"], attempt)
+    key = (meta["namespace"], pname)
+    pod = await ctx.pod(*key)
+    if pod is not None and not owns(run, pod):
+        # A pod of an earlier AgentRun of the same name (deleted and applied again) is
+        # still terminating: wait for it rather than follow it.
+        return 2.0
+    if pod is None:
+        return await _no_pod(ctx, run, attempt, key)
+    ctx.expected.pop(key, None)
+    node = await ctx.node((pod.get("spec") or {}).get("nodeName") or "")
+    outcome = classify(pod, node, now(), ctx.config.node_lost_grace)
+    if outcome is not None and outcome.terminal:
+        return await _finish(ctx, run, attempt, outcome)
+    if outcome is not None and outcome.phase == Phase.RUNNING:
+        if status.get("phase") == Phase.PENDING:
+            message = f"Runner pod {pname} is running."
+            await _write(ctx, run, st.live_status(
+                Phase.RUNNING, Reason.STARTED, message, now(), status,
+                startedAt=status.get("startedAt") or st.stamp(now())))
+            events.post(run, Reason.STARTED, message)
+            return 0
+    else:
+        waiting = st.pod_waiting(pod)
+        if waiting is not None and (status.get("reason"), status.get("message")) != waiting:
+            await _write(ctx, run, st.live_status(Phase.PENDING, *waiting, now(), status))
+            events.post(run, waiting[0], waiting[1], warning=True)
+            return 0
+    left = _next_look(ctx, run, node)
+    if left <= 0:
+        return await _finish(ctx, run, attempt, Outcome(
+            Phase.FAILED, Reason.STALE, st.stale_message(ctx.config.stale_after)))
+    return left
+
+
+def _next_look(ctx: Context, run: Mapping[str, Any], node: Mapping[str, Any] | None) -> float:
+    """When to look again without an event: the stale deadline, or soon for a silent
+    node (its pods fail NodeLost once the grace has passed)."""
+    meta, status = run["metadata"], run.get("status") or {}
+    started = _since(status.get("startedAt") or meta.get("creationTimestamp")) or now()
+    left = (started + ctx.config.stale_after - now()).total_seconds()
+    if left > 0 and node is not None and not st.node_ready(node):
+        left = min(left, NODE_RECHECK)
+    return left
+
+
+async def _no_pod(ctx: Context, run: Mapping[str, Any], attempt: int, key: Key) -> float | None:
+    """The current attempt has no pod: not created yet (create it), or created and gone."""
+    meta = run["metadata"]
+    row = await store.get_attempt(ctx.engine, meta["uid"], attempt)
+    if row is not None and row.status not in RunStatus.LIVE:
+        # Settled already (by us, before the status write was lost or lost a race).
+        return await _after_settle(ctx, run, attempt, _PHASE_OF[row.status],
+                                   row.reason or "", row.message or "", row.tools_executed)
+    expected = ctx.expected.get(key)
+    if expected is not None and time.monotonic() - expected < EXPECTATION_SECONDS:
+        return 0.5  # created a moment ago; the watch has not shown it yet
+    if row is None or row.pod_uid is None:
+        return await _start_attempt(ctx, run, attempt)
+    # The pod was created, and it is gone: how the runner said it ended, if it did.
+    last = ctx.gone.pop(key, None)
+    if last is not None:
+        outcome = classify(last, None, now(), ctx.config.node_lost_grace)
+        if outcome is None or not outcome.terminal:
+            outcome = Outcome(Phase.FAILED, Reason.POD_DELETED,
+                              "The runner pod was deleted while the run was running.")
+    else:
+        outcome = _recorded(row.outcome) or Outcome(
+            Phase.FAILED, Reason.POD_LOST,
+            "The runner pod no longer exists and no outcome was recorded.")
+    return await _finish(ctx, run, attempt, outcome)
+
+
+async def _start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int) -> float | None:
+    """Writes attempt `attempt` down, then creates its pod."""
+    meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
+    name = pod_name(meta["name"], attempt)
+    session = session_id_for(run, attempt)
+    claim = await store.claim_session(
+        ctx.engine, namespace=meta["namespace"], session_id=session, agent=spec["agent"],
+        user_id=spec.get("userId") or DEFAULT_USER_ID, run_uid=meta["uid"])
+    if not claim.granted:
+        if claim.busy_with:
+            return await _finish(ctx, run, attempt, Outcome(Phase.FAILED, Reason.SESSION_BUSY, (
+                f"Session {session} is in use by the live run {claim.busy_with}: two runs "
+                "on one session would interleave their turns. Create this run again once "
+                f"{claim.busy_with} has settled. No pod was started.")))
+        return await _finish(ctx, run, attempt, Outcome(Phase.FAILED, Reason.SESSION_NOT_OWNED, (
+            f"Session {session} in namespace {meta['namespace']} belongs to "
+            f"{claim.owned_by}; only chat turns of the same agent and userId continue it. "
+            "Use another sessionId. No pod was started.")))
+    recorded = await store.get_run(ctx.engine, meta["uid"])
+    digest = recorded.input_digest if recorded is not None else None
+    if not digest:
+        return await _launch(ctx, run)
+    await store.start_attempt(ctx.engine, meta["uid"], attempt, session, name)
+    account = spec.get("serviceAccountName")
+    if not account and (meta["namespace"], ctx.config.runner_service_account) not in \
+            ctx.service_accounts:
+        await ctx.kube.ensure_service_account(meta["namespace"],
+                                              ctx.config.runner_service_account)
+        ctx.service_accounts.add((meta["namespace"], ctx.config.runner_service_account))
+    try:
+        created = await ctx.kube.create_pod(runner_pod(run, attempt, session, digest,
+                                                       ctx.config))
+    except ApiException as e:
+        return await _create_refused(ctx, run, attempt, name, e)
+    if created is None:
+        existing = await ctx.kube.read_pod(meta["namespace"], name)
+        if existing is None or not owns(run, existing):
+            return 2.0  # an earlier namesake's pod is still going away
+        created = existing
+    await store.record_pod(ctx.engine, meta["uid"], attempt, created["metadata"]["uid"])
+    ctx.expected[(meta["namespace"], name)] = time.monotonic()
+    ctx.queue.forget(("run", meta["namespace"], meta["name"]))
+    if (status.get("podName"), status.get("sessionId")) != (name, session) or \
+            status.get("reason") == Reason.POD_CREATE_FAILED:
+        await _write(ctx, run, st.live_status(
+            Phase.PENDING, Reason.POD_CREATED, f"Created runner pod {name} (attempt "
+            f"{attempt}).", now(), status, podName=name, sessionId=session, attempts=attempt))
+    _log(run, "pod-created", attempt=attempt, pod=name)
+    events.post(run, Reason.POD_CREATED, f"Created runner pod {name} (attempt {attempt}).")
+    return 0
+
+
+async def _create_refused(ctx: Context, run: Mapping[str, Any], attempt: int, name: str,
+                          e: ApiException) -> float | None:
+    """The API server refused the runner pod. Invalid (422/400): it never will, the run
+    fails at once. Anything else (a quota, a webhook, forbidden, the server itself): the
+    run stays Pending, says why, and the create is tried again with backoff. No attempt
+    is spent: nothing ran."""
+    meta, status = run["metadata"], run.get("status") or {}
+    said = api_message(e)
+    if e.status in (400, 422):
+        return await _finish(ctx, run, attempt, Outcome(
+            Phase.FAILED, Reason.POD_INVALID,
+            f"The API server refused runner pod {name} as invalid: {said}. Nothing ran; fix "
+            "the run's spec and create it again."))
+    message = (f"Runner pod {name} could not be created ({e.status} {e.reason}): {said}. "
+               "Retrying with backoff; no attempt is used up.")
+    if (status.get("reason"), status.get("message")) != (Reason.POD_CREATE_FAILED, message):
+        await _write(ctx, run, st.live_status(Phase.PENDING, Reason.POD_CREATE_FAILED,
+                                              message, now(), status))
+        events.post(run, Reason.POD_CREATE_FAILED, message, warning=True)
+    return ctx.queue.failed(("run", meta["namespace"], meta["name"]))
+
+
+def _recorded(recorded: store.Outcome | None, fallback: str | None = None) -> Outcome | None:
+    """How the runner itself recorded the attempt's end, if it did."""
+    if recorded is not None and recorded.status == RunStatus.SUCCEEDED:
+        return Outcome(Phase.SUCCEEDED, Reason.SUCCEEDED,
+                       recorded.message or fallback or "The agent finished.")
+    if recorded is not None and recorded.status == RunStatus.FAILED:
+        return Outcome(Phase.FAILED, recorded.reason or Reason.AGENT_ERROR,
+                       recorded.message or fallback or "The runner failed.")
+    return None
+
+
+# -- an attempt ends ------------------------------------------------------------------------
+
+
+async def _finish(ctx: Context, run: Mapping[str, Any], attempt: int,
+                  outcome: Outcome) -> float | None:
+    """Settles the attempt in the store (first writer wins; the settle fences the ledger
+    and counts the tools), then shows what the store holds: a retry, or the end."""
+    meta = run["metadata"]
+    outcome = await _with_runner_account(ctx, meta["uid"], attempt, outcome)
+    tools: list[str] | None
+    try:
+        if outcome.reason in _NOTHING_RAN:
+            await store.settle(ctx.engine, meta["uid"], attempt, _STORE_STATUS[outcome.phase],
+                               outcome.reason, outcome.message, [])
+        else:
+            await store.settle_counting(ctx.engine, meta["uid"], attempt,
+                                        _STORE_STATUS[outcome.phase], outcome.reason,
+                                        outcome.message)
+        row = await store.get_attempt(ctx.engine, meta["uid"], attempt)
+    except Exception as e:
+        # The store cannot be reached: the run's status is the record, tools unknown,
+        # until the store answers again (_settled reads them then).
+        log.warning("event=store-settle-failed run=%s error=%r", meta["name"], e)
+        row = None
+        tools = None
+    else:
+        if row is not None and row.status not in RunStatus.LIVE:
+            # Whoever settled first: their account stands.
+            outcome = Outcome(_PHASE_OF[row.status], row.reason or outcome.reason,
+                              row.message or outcome.message)
+            tools = row.tools_executed
+        else:  # no attempt row (refused before it was written): the run row is settled
+            recorded = await store.get_run(ctx.engine, meta["uid"])
+            tools = recorded.tools_executed if recorded is not None else None
+    if outcome.reason in _STOP_POD:
+        await ctx.kube.delete_pod(meta["namespace"], pod_name(meta["name"], attempt))
+    return await _after_settle(ctx, run, attempt, outcome.phase, outcome.reason,
+                               outcome.message, tools)
+
+
+async def _after_settle(ctx: Context, run: Mapping[str, Any], attempt: int, phase: str,
+                        reason: str, message: str, tools: list[str] | None) -> float | None:
+    spec, status = run.get("spec") or {}, run.get("status") or {}
+    if st.should_retry(spec, attempt, phase, reason, tools):
+        following = attempt + 1
+        said = (f"Attempt {attempt} failed ({reason}) before calling any tool; starting "
+                f"attempt {following}.")
+        await _write(ctx, run, st.live_status(Phase.PENDING, Reason.RETRYING, said, now(),
+                                              status, attempts=following))
+        events.post(run, Reason.RETRYING, said, warning=True)
+        _log(run, "retry", attempt=following, after=reason)
+        metrics.ATTEMPTS_RETRIED.labels(reason).inc()
+        return 0
+    await _write(ctx, run, st.settled_status(phase, reason, message, tools, now(), status,
+                                             attempts=attempt))
+    _log(run, "settled", attempt=attempt, phase=phase, reason=reason, tools=tools)
+    metrics.RUNS_SETTLED.labels(phase, reason).inc()
+    if tools is None:
+        metrics.TOOLS_UNKNOWN.inc()
+    told = "unknown (the run store could not be read)" if tools is None else (
+        ", ".join(tools) or "none")
+    events.post(run, reason, f"{message} Tools executed: {told}.",
+                warning=phase != Phase.SUCCEEDED)
+    return 0
+
+
+async def _with_runner_account(ctx: Context, uid: str, attempt: int,
+                               outcome: Outcome) -> Outcome:
+    """The runner's own account of a plain exit (its reason and message) is more precise
+    than an exit code; the cluster's account of a disruption wins over the runner's."""
+    if outcome.reason not in (Reason.AGENT_ERROR, Reason.SUCCEEDED):
+        return outcome
+    try:
+        recorded = await store.get_outcome(ctx.engine, uid, attempt)
+    except Exception as e:  # the store may be down: the pod's account stands
+        log.warning("event=outcome-unreadable uid=%s attempt=%s error=%r", uid, attempt, e)
+        return outcome
+    told = _recorded(recorded, outcome.message)
+    return told if told is not None and told.phase == outcome.phase else outcome
+
+
+# -- settled runs -------------------------------------------------------------------------------
+
+
+async def _settled(ctx: Context, run: Mapping[str, Any]) -> float | None:
+    """A settled run: its tools known (read again until the store answers), and its pods
+    deleted once their time to live has passed (the ledger keeps the story)."""
+    status = run.get("status") or {}
+    if "toolsExecuted" in status and status["toolsExecuted"] is None:
+        tools = await _count_unknown(ctx, run)
+        if tools is None:
+            return UNKNOWN_TOOLS_RETRY
+        conditions = [c for c in status.get("conditions") or []
+                      if c.get("type") != st.Condition.TOOLS_EXECUTED]
+        await _write(ctx, run, {"toolsExecuted": tools,
+                                "conditions": [*conditions, st.tools_condition(tools, now())]})
+        events.post(run, "ToolsExecutedKnown", "The run store is readable again: tools "
+                    f"executed: {', '.join(tools) or 'none'}.")
+        return 0
+    return await _collect_pods(ctx, run)
+
+
+async def _count_unknown(ctx: Context, run: Mapping[str, Any]) -> list[str] | None:
+    """The tools of a settled attempt whose count failed; None while the store cannot say."""
+    meta, status = run["metadata"], run.get("status") or {}
+    attempt = current_attempt(status)
+    try:
+        # The store may never have heard of the end (it was down): settle it there now,
+        # which fences the ledger and counts; else read what it holds.
+        settled = await store.settle_counting(
+            ctx.engine, meta["uid"], attempt, _STORE_STATUS[status["phase"]],
+            status.get("reason"), status.get("message"))
+        tools = settled.tools_executed if settled.won else await store.tools_executed(
+            ctx.engine, meta["uid"], attempt)
+        if tools is not None:
+            await store.set_tools_executed(ctx.engine, meta["uid"], attempt, tools)
+        return tools
+    except Exception as e:
+        log.warning("event=store-fill-failed run=%s error=%r", meta["name"], e)
+        return None
+
+
+async def _collect_pods(ctx: Context, run: Mapping[str, Any]) -> float | None:
+    meta, status = run["metadata"], run.get("status") or {}
+    ttl = ctx.config.pod_ttl_after_finished
+    pods = ctx.pods_of(meta["namespace"], meta["name"])
+    if not pods or ttl is None:
+        return None
+    finished = _since(status.get("finishedAt")) or now()
+    left = (finished + ttl - now()).total_seconds()
+    if left > 0:
+        return left
+    for pod in pods:
+        if owns(run, pod):
+            await ctx.kube.delete_pod(meta["namespace"], pod["metadata"]["name"])
+    return None
+
+
+# -- cancellation ----------------------------------------------------------------------------
+
+
+async def _cancel(ctx: Context, run: Mapping[str, Any]) -> float | None:
+    """The run is being deleted: stop its pod, record Cancelled with the tools, then let
+    it go. The finalizer stays until the store holds the tools."""
+    meta, status = run["metadata"], run.get("status") or {}
+    finalizers = meta.get("finalizers") or []
+    if FINALIZER not in finalizers:
+        return None
+    attempt = current_attempt(status)
+    tools: list[str] | None
+    if status.get("phase") in Phase.TERMINAL and status.get("toolsExecuted") is not None:
+        tools = list(status["toolsExecuted"])
+    elif status.get("phase") in Phase.TERMINAL or not status.get("phase"):
+        tools = [] if not status.get("phase") else await _count_unknown(ctx, run)
+        if not status.get("phase"):
+            # Never launched: nothing ran; the store learns it was cancelled, if it knows it.
+            try:
+                await store.settle(ctx.engine, meta["uid"], attempt, RunStatus.CANCELLED,
+                                   Reason.CANCELLED, "Deleted before it started.", [])
+            except Exception as e:
+                log.warning("event=store-cancel-failed run=%s error=%r", meta["name"], e)
+                tools = None
+    else:
+        await ctx.kube.delete_pod(meta["namespace"], pod_name(meta["name"], attempt))
+        try:
+            settled = await store.settle_counting(
+                ctx.engine, meta["uid"], attempt, RunStatus.CANCELLED, Reason.CANCELLED,
+                "The AgentRun was deleted while it was live; its pod was stopped.")
+            tools = settled.tools_executed
+            if settled.won:
+                _log(run, "cancelled", attempt=attempt, tools=tools)
+            else:
+                tools = await store.tools_executed(ctx.engine, meta["uid"], attempt)
+            if tools is not None:
+                await store.set_tools_executed(ctx.engine, meta["uid"], attempt, tools)
+        except Exception as e:
+            log.warning("event=store-cancel-failed run=%s error=%r", meta["name"], e)
+            tools = None
+    if tools is None:
+        return UNKNOWN_TOOLS_RETRY  # the store cannot be read: keep the finalizer
+    await ctx.kube.patch_finalizers(RUN_PLURAL, run, [f for f in finalizers if f != FINALIZER])
+    return None
+
+
+# -- workers ------------------------------------------------------------------------------------
+
+
+async def work(ctx: Context, reconcile_replay: Any) -> None:
+    """One worker: takes keys off the queue until cancelled."""
+    from agentrun_operator.kube import Conflict
+
+    while True:
+        key = await ctx.queue.get()
+        kind, namespace, name = key
+        try:
+            if kind == "run":
+                again = await reconcile_run(ctx, namespace, name)
+            else:
+                again = await reconcile_replay(ctx, namespace, name)
+        except asyncio.CancelledError:
+            ctx.queue.done(key)
+            raise
+        except Conflict:
+            # A newer write won: the watch brings that state; look again soon anyway.
+            again = 0.2
+        except Exception:
+            log.exception("event=reconcile-failed kind=%s object=%s/%s", kind, namespace, name)
+            again = ctx.queue.failed(key)
+        ctx.queue.done(key)
+        if again is not None:
+            ctx.queue.add_after(key, again)
