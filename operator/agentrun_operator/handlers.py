@@ -39,6 +39,7 @@ from agentrun_operator.kube import Kube
 from agentrun_operator.leader import LeaderElection
 from agentrun_operator.reconcile import Context, slim_node, slim_pod, slim_run, work
 from agentrun_operator.replay import reconcile_replay
+from agentrun_operator.status import node_ready
 
 log = logging.getLogger("agentrun.operator")
 # Threads for the (synchronous) Kubernetes client: reconciles, informers and the store
@@ -111,8 +112,15 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
                 ctx.gone[key] = pod
             ctx.queue.add(("run", key[0], run))
 
+        readiness: dict[str, bool] = {}
+
         def on_node(node: dict[str, Any], deleted: bool) -> None:
+            # Only a change of Ready matters to runs (a node's heartbeats are many).
             name = node["metadata"]["name"]
+            ready = not deleted and node_ready(node)
+            if readiness.get(name, True) == ready and name in readiness:
+                return
+            readiness[name] = ready
             if ctx.pods is None:
                 return
             for pod in ctx.pods.objects.values():
