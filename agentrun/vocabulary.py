@@ -89,6 +89,10 @@ class ReplayReason:
     ALREADY_REPLAYED: Final = "AlreadyReplayed"
     # Approved, but the replay run could not be created (condition Approved Unknown).
     RUN_CREATION_FAILED: Final = "RunCreationFailed"
+    # Resume (spec.resume on a replay, spec.retry.resume on a run).
+    RESUMABLE: Final = "Resumable"
+    TOOL_CALL_IN_DOUBT: Final = "ToolCallInDoubt"
+    JOURNAL_UNAVAILABLE: Final = "JournalUnavailable"
 
 
 class Condition:
@@ -97,6 +101,7 @@ class Condition:
     SUCCEEDED: Final = "Succeeded"
     TOOLS_EXECUTED: Final = "ToolsExecuted"
     APPROVED: Final = "Approved"
+    RESUMABLE: Final = "Resumable"
 
     TOOL_CALLS_RECORDED: Final = "ToolCallsRecorded"
     NO_TOOL_CALLS: Final = "NoToolCalls"

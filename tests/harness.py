@@ -28,11 +28,14 @@ class Operator:
     """`agentrun-operator` as a child process, restartable and killable."""
 
     def __init__(self, plane: ControlPlane, store_url: str, log_dir: Path,
-                 args: Sequence[str] = (), *, scripted: bool = True) -> None:
+                 args: Sequence[str] = (), *, scripted: bool = True,
+                 kubeconfig: Path | None = None) -> None:
         self.plane, self.store_url, self.log_dir, self.args = plane, store_url, log_dir, args
         # The tests drive runs with the scripted model, which an operator honours only
         # when told to.
         self.scripted = scripted
+        # Its credential: the operator's own (group agentrun:operators) unless told.
+        self.kubeconfig = kubeconfig or plane.operator_kubeconfig
         self.child: Child | None = None
         self.starts = 0
         self.store_api_url = ""  # where it serves the store API (from its start-up line)
@@ -42,7 +45,7 @@ class Operator:
 
     def start(self) -> Operator:
         self.starts += 1
-        env = {**os.environ, "KUBECONFIG": str(self.plane.operator_kubeconfig),
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig),
                "DATABASE_URL": self.store_url}
         self.child = Child(
             "operator",

@@ -13,9 +13,11 @@ other refusals give way to the force annotation.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from agentrun import effects
 from agentrun.vocabulary import ANNOTATION_FORCE_REPLAY, Phase, ReplayPhase, ReplayReason
 
 FORCE_HINT = f"Annotate {ANNOTATION_FORCE_REPLAY}=true to run it again anyway."
@@ -144,3 +146,109 @@ def decide(
     return Decision(ReplayPhase.APPROVED, ReplayReason.FORCED,
                     f"Forced with {ANNOTATION_FORCE_REPLAY}=true over {refused.reason}: "
                     + refused.message.removesuffix(FORCE_HINT).strip())
+
+
+# -- resume -------------------------------------------------------------------------------
+
+ANSWERED = "answered"  # its response is in the session: not run again
+FINISHED = "finished"  # it ended, its response never reached the session: from the ledger
+IN_DOUBT = "in-doubt"  # called, never recorded as finished
+
+
+@dataclass(frozen=True)
+class JournalCall:
+    """One tool call of the journal (the ledger beside the session), as a resume sees it."""
+
+    seq: int
+    tool: str
+    effect: str  # effects.READ_ONLY | IDEMPOTENT | EFFECTFUL
+    state: str  # ANSWERED | FINISHED | IN_DOUBT
+    called_at: datetime.datetime
+    key: str = ""  # its idempotency key
+
+
+@dataclass(frozen=True)
+class Journal:
+    """What the failed attempt left to resume from; `available` False when its session
+    events are gone or unreadable."""
+
+    available: bool
+    calls: Sequence[JournalCall] = field(default_factory=tuple)
+
+
+RESUME_FORCE_HINT = f"annotate {ANNOTATION_FORCE_REPLAY}=true to resume and call it again."
+
+
+def _at(when: datetime.datetime) -> str:
+    return when.astimezone(datetime.UTC).strftime("%H:%M:%SZ")
+
+
+def match_journal(run_name: str, original: Original, journal: Journal) -> Decision | None:
+    """Resume needs the journal, and something left to resume (never forcible)."""
+    if not journal.available or original.tools_executed is None:
+        return Decision(ReplayPhase.REFUSED, ReplayReason.JOURNAL_UNAVAILABLE,
+                        f"The journal of AgentRun {run_name} (its session events and tool "
+                        "ledger) is gone or could not be read, so it cannot be resumed; a "
+                        "plain replay starts over instead.")
+    if original.phase == Phase.SUCCEEDED:
+        return Decision(ReplayPhase.REFUSED, ReplayReason.ORIGINAL_SUCCEEDED,
+                        f"AgentRun {run_name} succeeded: there is nothing left to resume.")
+    return None
+
+
+def match_in_doubt(run_name: str, journal: Journal) -> Decision | None:
+    """An Effectful call that was made and never recorded as finished: nobody knows
+    whether it happened (api.md's model sentence, one per such call)."""
+    doubtful = [c for c in journal.calls
+                if c.state == IN_DOUBT and c.effect == effects.EFFECTFUL]
+    if not doubtful:
+        return None
+    said = " ".join(
+        f"AgentRun {run_name} called {c.tool} (call {c.seq}, at {_at(c.called_at)}) and never "
+        f"recorded its end: it may or may not have happened, and {c.tool} is Effectful."
+        for c in doubtful)
+    return Decision(ReplayPhase.REFUSED, ReplayReason.TOOL_CALL_IN_DOUBT,
+                    f"{said} Check whether it happened; {RESUME_FORCE_HINT}")
+
+
+def _resumable_message(run_name: str, journal: Journal) -> str:
+    done = [c for c in journal.calls if c.state in (ANSWERED, FINISHED)]
+    again = [c for c in journal.calls if c.state == IN_DOUBT]
+    parts = [f"AgentRun {run_name} resumes from its journal"]
+    if done:
+        parts.append("; not repeated: " + ", ".join(f"{c.tool} (call {c.seq})" for c in done))
+    if again:
+        parts.append("; run again, in doubt: " + ", ".join(
+            f"{c.tool} (call {c.seq}, {c.effect}" + (f", key {c.key[:18]}" if c.key else "")
+            + ")" for c in again))
+    return "".join(parts) + "."
+
+
+def decide_resume(
+    run_name: str,
+    original: Original | None,
+    journal: Journal,
+    *,
+    already_replayed_by: str | None,
+    forced: bool,
+) -> Decision:
+    """The decision on resuming `run_name` from its journal (api.md, "Manual resume", first
+    match wins); the automatic resume of spec.retry.resume takes the same decision with
+    `already_replayed_by` None and `forced` False."""
+    refused = match_never_forcible(run_name, original)
+    if refused is not None:
+        return refused
+    assert original is not None
+    refused = match_journal(run_name, original, journal)
+    if refused is not None:
+        return refused
+    refused = match_in_doubt(run_name, journal) or match_already_replayed(
+        run_name, already_replayed_by)
+    if refused is None:
+        return Decision(ReplayPhase.APPROVED, ReplayReason.RESUMABLE,
+                        _resumable_message(run_name, journal))
+    if not forced:
+        return refused
+    return Decision(ReplayPhase.APPROVED, ReplayReason.FORCED,
+                    f"Forced with {ANNOTATION_FORCE_REPLAY}=true over {refused.reason}: "
+                    + _resumable_message(run_name, journal))
