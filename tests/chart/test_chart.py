@@ -71,7 +71,10 @@ def test_rendered_objects_are_accepted_by_the_api_server(
                  "service/agentrun-store", "clusterrole.rbac.authorization.k8s.io/"
                  "agentrun-replay-forcer", "validatingadmissionpolicy.admissionregistration"
                  ".k8s.io/agentrun-force-replay", "validatingadmissionpolicy."
-                 "admissionregistration.k8s.io/agentrun-run-references"):
+                 "admissionregistration.k8s.io/agentrun-run-references",
+                 "role.rbac.authorization.k8s.io/agentrun-operator-leader",
+                 "rolebinding.rbac.authorization.k8s.io/agentrun-operator-leader",
+                 "poddisruptionbudget.policy/agentrun-operator"):
         assert kind in done.stdout
 
 
@@ -148,6 +151,64 @@ def test_the_operator_sends_runners_to_the_store_api_and_holds_no_runner_secret(
 
     scripted = objects(control_plane, "postgres.enabled=true", "operator.allowScriptedModel=true")
     assert "--allow-scripted-model" in container(scripted, "agentrun-operator")["args"]
+
+
+def _env(found: Objects, deployment: str, name: str) -> dict[str, Any]:
+    [entry] = [e for e in container(found, deployment)["env"] if e["name"] == name]
+    return entry
+
+
+def test_the_operator_runs_two_replicas_one_elected_by_a_lease(
+        control_plane: ControlPlane) -> None:
+    found = objects(control_plane, "postgres.enabled=true")
+
+    deployment = found[("Deployment", "agentrun-operator", NAMESPACE)]["spec"]
+    assert deployment["replicas"] == 2
+    # A new replica starts as a standby; the old leader hands the Lease over as it stops.
+    assert deployment["strategy"]["type"] == "RollingUpdate"
+    args = container(found, "agentrun-operator")["args"]
+    assert f"--leader-election-namespace={NAMESPACE}" in args
+    assert "--leader-election-seconds=15" in args
+    # The Lease's holderIdentity names the pod.
+    assert _env(found, "agentrun-operator", "POD_NAME")["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.name"}}
+    # A drain leaves one replica running.
+    budget = found[("PodDisruptionBudget", "agentrun-operator", NAMESPACE)]["spec"]
+    assert budget["minAvailable"] == 1
+    assert budget["selector"] == deployment["selector"]
+    # The reconciler's own settings, at their defaults.
+    for flag in ("--check-interval=300", "--workers=8", "--pod-ttl-after-finished=3600"):
+        assert flag in args, flag
+
+    single = objects(control_plane, "postgres.enabled=true", "operator.replicas=1",
+                     "operator.leaderElectionSeconds=30", "operator.workers=16",
+                     "operator.podTTLAfterFinishedSeconds=-1",
+                     "operator.checkIntervalSeconds=60")
+    assert single[("Deployment", "agentrun-operator", NAMESPACE)]["spec"]["replicas"] == 1
+    assert ("PodDisruptionBudget", "agentrun-operator", NAMESPACE) not in single
+    args = container(single, "agentrun-operator")["args"]
+    # Still elected: a second replica started by hand (kubectl scale) stands by.
+    assert f"--leader-election-namespace={NAMESPACE}" in args
+    for flag in ("--leader-election-seconds=30", "--workers=16",
+                 "--pod-ttl-after-finished=-1", "--check-interval=60"):
+        assert flag in args, flag
+
+
+def test_the_lease_role_is_the_operators_own_lease_in_the_release_namespace(
+        control_plane: ControlPlane) -> None:
+    found = objects(control_plane, "postgres.enabled=true")
+    role = found[("Role", "agentrun-operator-leader", NAMESPACE)]
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+         "resourceNames": ["agentrun-operator"], "verbs": ["get", "update"]}]
+    binding = found[("RoleBinding", "agentrun-operator-leader", NAMESPACE)]
+    assert binding["roleRef"]["name"] == "agentrun-operator-leader"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "agentrun-operator", "namespace": NAMESPACE}]
+    # No ClusterRole grants leases.
+    assert not [k for k, d in found.items() if k[0] == "ClusterRole" and any(
+        "leases" in r.get("resources", []) for r in d.get("rules", []))]
 
 
 def _secret_key_refs(tree: Any) -> list[Any]:
@@ -343,3 +404,81 @@ def test_the_generated_postgres_password_is_kept_across_upgrades_and_reinstalls(
 
     _helm_on(bare_plane, "uninstall", "agentrun", "--wait")
     bare_plane.kubectl("delete", "secret", "agentrun-postgres", "-n", NAMESPACE)
+
+
+# -- the operator's rights, as the API server's authorizer sees them ---------------------------
+
+OPERATOR_SA = f"system:serviceaccount:{NAMESPACE}:agentrun-operator"
+# What the operator's code calls, as `kubectl auth can-i` arguments (beside -n/-A), and
+# whether the chart must allow it. "tenant" is any namespace runs live in.
+OPERATOR_RIGHTS: list[tuple[tuple[str, ...], bool]] = [
+    (("create", "events", "-n", "tenant"), True),
+    (("create", "events.events.k8s.io", "-n", "tenant"), True),
+    (("get", "leases.coordination.k8s.io/agentrun-operator", "-n", NAMESPACE), True),
+    (("update", "leases.coordination.k8s.io/agentrun-operator", "-n", NAMESPACE), True),
+    (("create", "leases.coordination.k8s.io", "-n", NAMESPACE), True),
+    # The Lease and nothing else: not another one, not elsewhere.
+    (("update", "leases.coordination.k8s.io/someone-else", "-n", NAMESPACE), False),
+    (("get", "leases.coordination.k8s.io/agentrun-operator", "-n", "tenant"), False),
+    (("create", "leases.coordination.k8s.io", "-n", "tenant"), False),
+    (("list", "pods", "-A"), True),
+    (("watch", "pods", "-A"), True),
+    (("create", "pods", "-n", "tenant"), True),  # also its start-up dry run
+    (("delete", "pods", "-n", "tenant"), True),
+    (("get", "nodes"), True),
+    (("list", "nodes"), True),
+    (("watch", "nodes"), True),
+    (("create", "serviceaccounts", "-n", "tenant"), True),
+    (("get", "serviceaccounts", "-n", "tenant"), True),
+    (("list", "agentruns.agentrun.dev", "-A"), True),
+    (("watch", "agentruns.agentrun.dev", "-A"), True),
+    (("patch", "agentruns.agentrun.dev", "-n", "tenant"), True),  # the finalizer
+    (("create", "agentruns.agentrun.dev", "-n", "tenant"), True),  # replay runs, dry run
+    (("update", "agentruns.agentrun.dev", "--subresource=status", "-n", "tenant"), True),
+    (("update", "agentrunreplays.agentrun.dev", "--subresource=status", "-n", "tenant"),
+     True),
+    (("patch", "agentrunreplays.agentrun.dev", "--subresource=status", "-n", "tenant"),
+     True),
+    (("watch", "agentrunreplays.agentrun.dev", "-A"), True),
+    (("get", "secrets", "-n", "tenant"), True),  # input files (operator.namespaces empty)
+    (("get", "configmaps", "-n", "tenant"), True),
+    # Nothing it does not need.
+    (("delete", "agentruns.agentrun.dev", "-n", "tenant"), False),
+    (("list", "secrets", "-n", "tenant"), False),
+    (("delete", "nodes"), False),
+]
+
+
+def _can_i(plane: ControlPlane, *args: str) -> bool:
+    done = plane.kubectl("auth", "can-i", *args, f"--as={OPERATOR_SA}", check=False)
+    return done.stdout.strip() == "yes"
+
+
+@pytest.fixture
+def installed(bare_plane: ControlPlane) -> Iterator[ControlPlane]:
+    """The chart installed for real (helm install) on the control plane of its own,
+    uninstalled afterwards."""
+    _helm_on(bare_plane, "install", "agentrun", str(CHART), "--create-namespace",
+             "--set", "postgres.enabled=true")
+    try:
+        yield bare_plane
+    finally:
+        _helm_on(bare_plane, "uninstall", "agentrun", "--wait")
+        bare_plane.kubectl("delete", "secret", "agentrun-postgres", "-n", NAMESPACE,
+                           "--ignore-not-found")
+
+
+def test_the_installed_chart_lets_the_operator_do_what_its_code_calls(
+        installed: ControlPlane) -> None:
+    # The authorizer sees new bindings a moment after they are written.
+    deadline = time.monotonic() + 60
+    while not _can_i(installed, "create", "leases.coordination.k8s.io", "-n", NAMESPACE):
+        assert time.monotonic() < deadline, "the operator's Lease Role not in force in 60s"
+        time.sleep(0.5)
+    wrong = [" ".join(args) + (" is refused" if allowed else " is allowed")
+             for args, allowed in OPERATOR_RIGHTS if _can_i(installed, *args) != allowed]
+    assert not wrong, f"{OPERATOR_SA}: " + "; ".join(wrong)
+    # The Deployment as installed: two replicas (no pods here: nothing schedules them).
+    deployment = json.loads(installed.kubectl(
+        "get", "deployment", "agentrun-operator", "-n", NAMESPACE, "-o", "json").stdout)
+    assert deployment["spec"]["replicas"] == 2
