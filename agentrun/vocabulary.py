@@ -181,6 +181,8 @@ class RunnerEnv:
     # "true" only when the operator runs with --allow-scripted-model; set last, after the
     # user's env, so that a run cannot turn it on for itself.
     ALLOW_SCRIPTED_MODEL: Final = "AGENTRUN_ALLOW_SCRIPTED_MODEL"
+    # spec.tools (JSON): the effect class of each named tool.
+    TOOLS: Final = "AGENTRUN_TOOLS"
 
 
 class RunnerExit:

@@ -94,6 +94,7 @@ from agentrun.store.replays import (
     approval_of_replay_run,
     approve_replay,
     get_replay_approval,
+    lineage_root,
     release_replay,
     replays_of,
 )
@@ -159,6 +160,7 @@ __all__ = [
     "input_digest",
     "is_durable",
     "ledger",
+    "lineage_root",
     "make_engine",
     "migrate",
     "open_call",

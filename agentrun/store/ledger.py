@@ -34,6 +34,9 @@ class LedgerEntry:
     started_at: datetime
     finished_at: datetime | None
     outcome: str | None
+    effect: str | None = None
+    idempotency_key: str | None = None
+    result: Any = None
 
 
 def args_digest(args: Mapping[str, Any]) -> str:
@@ -55,6 +58,8 @@ async def open_call(
     tool: str,
     call_id: str | None,
     digest: str,
+    effect: str | None = None,
+    idempotency_key: str | None = None,
 ) -> None:
     """Inserts and commits the ledger row of a call that is about to run. Raises if the
     row could not be committed: the caller must then not run the tool (fail closed).
@@ -70,7 +75,8 @@ async def open_call(
         await conn.execute(
             tool_calls.insert().values(
                 run_uid=uid, attempt=attempt, seq=seq, tool=tool, call_id=call_id,
-                args_digest=digest, started_at=datetime.now(UTC),
+                args_digest=digest, started_at=datetime.now(UTC), effect=effect,
+                idempotency_key=idempotency_key,
             )
         )
         status = (
@@ -88,13 +94,14 @@ async def open_call(
             )
 
 
-async def close_call(engine: AsyncEngine, uid: str, attempt: int, seq: int, outcome: str) -> bool:
+async def close_call(engine: AsyncEngine, uid: str, attempt: int, seq: int, outcome: str,
+                     result: Any = None) -> bool:
     """Marks an open ledger row finished with its outcome (vocabulary.LedgerOutcome).
 
     Only an open row: a finished one is never rewritten. Returns whether a row was closed.
     """
     async with engine.begin() as conn:
-        result = await conn.execute(
+        done = await conn.execute(
             update(tool_calls)
             .where(
                 tool_calls.c.run_uid == uid,
@@ -102,9 +109,9 @@ async def close_call(engine: AsyncEngine, uid: str, attempt: int, seq: int, outc
                 tool_calls.c.seq == seq,
                 tool_calls.c.finished_at.is_(None),
             )
-            .values(finished_at=datetime.now(UTC), outcome=outcome)
+            .values(finished_at=datetime.now(UTC), outcome=outcome, result=result)
         )
-    return result.rowcount == 1
+    return done.rowcount == 1
 
 
 async def ledger(engine: AsyncEngine, uid: str) -> list[LedgerEntry]:
@@ -119,7 +126,8 @@ async def ledger(engine: AsyncEngine, uid: str) -> list[LedgerEntry]:
             LedgerEntry(
                 attempt=r.attempt, seq=r.seq, tool=r.tool, call_id=r.call_id,
                 args_digest=r.args_digest, started_at=r.started_at,
-                finished_at=r.finished_at, outcome=r.outcome,
+                finished_at=r.finished_at, outcome=r.outcome, effect=r.effect,
+                idempotency_key=r.idempotency_key, result=r.result,
             )
             for r in rows
         ]

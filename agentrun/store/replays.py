@@ -151,3 +151,26 @@ async def release_replay(engine: AsyncEngine, uid: str) -> bool:
     async with engine.begin() as conn:
         result = await conn.execute(delete(replays).where(replays.c.uid == uid))
     return bool(result.rowcount)
+
+
+async def lineage_root(engine: AsyncEngine, uid: str, depth: int = 32) -> str:
+    """The first run of `uid`'s lineage: following each replay run to the run it replays
+    (through the approvals, which only the operator writes)."""
+    from agentrun.store.schema import runs
+
+    current = uid
+    for _ in range(depth):
+        async with engine.connect() as conn:
+            row = (await conn.execute(
+                select(runs.c.namespace, runs.c.name, runs.c.replay_of)
+                .where(runs.c.uid == current))).one_or_none()
+            if row is None or not row.replay_of:
+                return current
+            approval = (await conn.execute(
+                select(replays.c.run_uid).where(replays.c.namespace == row.namespace,
+                                                replays.c.replay_run_name == row.name)
+            )).first()
+        if approval is None:
+            return current
+        current = approval.run_uid
+    return current

@@ -134,6 +134,11 @@ tool_calls = Table(
     Column("started_at", UTCDateTime, nullable=False),
     Column("finished_at", UTCDateTime),
     Column("outcome", String(16)),
+    # The journal: the tool's effect class and the call's idempotency key (agentrun.effects),
+    # and, once it finished, its result.
+    Column("effect", String(16)),
+    Column("idempotency_key", String(80)),
+    Column("result", NullableJSON),
     UniqueConstraint("run_uid", "attempt", "seq"),
 )
 
@@ -186,6 +191,8 @@ sample_outbox = Table(
     Column("tool", String(255), nullable=False),
     Column("args", JSON, nullable=False),
     Column("created_at", UTCDateTime, nullable=False),
+    # An Idempotent tool's key: the same call made again is the same row.
+    Column("idempotency_key", String(80), unique=True),
     Index(None, "run_name"),
 )
 

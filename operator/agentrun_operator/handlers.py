@@ -137,11 +137,13 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
                              on_change=on_node).start()
         await asyncio.wait_for(asyncio.gather(ctx.pods.synced.wait(), ctx.nodes.synced.wait()),
                                timeout=120)
-        memo.tasks = [asyncio.create_task(retention.purge_daily(ctx))]
+        memo.tasks = []
 
         async def lead() -> None:
+            # The leader alone acts: the reconciles and the daily purge.
             memo.workers = [asyncio.create_task(work(ctx, reconcile_replay))
                             for _ in range(running.workers)]
+            memo.workers.append(asyncio.create_task(retention.purge_daily(ctx)))
             resync_all(ctx)
 
         async def step_down() -> None:

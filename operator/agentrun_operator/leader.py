@@ -19,6 +19,7 @@ import datetime
 import logging
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -49,15 +50,6 @@ def identity() -> str:
     return f"{os.environ.get('POD_NAME') or socket.gethostname()}-{os.getpid()}"
 
 
-def expired(lease: dict[str, Any], now: datetime.datetime) -> bool:
-    """Whether a Lease's holder has let it run out (pure)."""
-    spec = lease.get("spec") or {}
-    renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
-    if not spec.get("holderIdentity") or renewed is None:
-        return True
-    return now - renewed > datetime.timedelta(seconds=int(spec.get("leaseDurationSeconds") or 0))
-
-
 class LeaderElection:
     def __init__(self, api: client.ApiClient, namespace: str, *, me: str | None = None,
                  duration: float = 15.0, renew: float = 5.0, retry: float = 1.0) -> None:
@@ -67,6 +59,8 @@ class LeaderElection:
         self.duration, self.renew, self.retry = duration, renew, retry
         self.leading = asyncio.Event()
         self._renewed_at = 0.0
+        self._seen: tuple[Any, Any] = (None, None)
+        self._seen_at = 0.0
 
     async def run(self, on_start: Callable[[], Awaitable[None]],
                   on_stop: Callable[[], Awaitable[None]]) -> None:
@@ -120,7 +114,14 @@ class LeaderElection:
         found = json.loads(lease.data)
         spec = found.get("spec") or {}
         mine = spec.get("holderIdentity") == self.me
-        if not mine and not expired(found, now):
+        # Expiry is timed on our own clock, from when we last saw the holder renew (as
+        # client-go does): the holder's renewTime is its clock, and clocks may disagree.
+        seen = (spec.get("holderIdentity"), spec.get("renewTime"))
+        if seen != self._seen:
+            self._seen, self._seen_at = seen, time.monotonic()
+        silent = time.monotonic() - self._seen_at > float(
+            spec.get("leaseDurationSeconds") or self.duration)
+        if not mine and spec.get("holderIdentity") and not silent:
             return False
         spec = {**spec, "holderIdentity": self.me, "renewTime": _stamp(now),
                 "leaseDurationSeconds": int(self.duration)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -64,6 +65,7 @@ def runner_pod(
         RunnerEnv.STORE_URL: config.store_api_url,
         RunnerEnv.STORE_TOKEN_FILE: f"{STORE_TOKEN_DIR}/{STORE_TOKEN_FILE}",
         RunnerEnv.ALLOW_SCRIPTED_MODEL: "true" if config.allow_scripted_model else "false",
+        RunnerEnv.TOOLS: json.dumps(spec.get("tools") or [], separators=(",", ":")),
     }
     # The user's env first, ours last: a later duplicate wins, so a run cannot pass
     # itself off as another run (the store API checks its token anyway), nor turn the

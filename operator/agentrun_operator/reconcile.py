@@ -377,8 +377,17 @@ async def _no_pod(ctx: Context, run: Mapping[str, Any], attempt: int, key: Key) 
     if expected is not None and time.monotonic() - expected < EXPECTATION_SECONDS:
         return 0.5  # created a moment ago; the watch has not shown it yet
     if row is None or row.pod_uid is None:
+        if _next_look(ctx, run, None) <= 0:  # never got a pod within the stale limit
+            return await _finish(ctx, run, attempt, Outcome(
+                Phase.FAILED, Reason.STALE, st.stale_message(ctx.config.stale_after)))
         return await _start_attempt(ctx, run, attempt)
-    # The pod was created, and it is gone: how the runner said it ended, if it did.
+    # The pod was created, and our cache has no pod: ask the API server itself before
+    # concluding anything (a replica whose watch lags behind must not call it lost).
+    if ctx.pods is not None:
+        found = await ctx.kube.read_pod(*key)
+        if found is not None and owns(run, found):
+            return 0.5
+    # It is gone: how the runner said it ended, if it did.
     last = ctx.gone.pop(key, None)
     if last is not None:
         outcome = classify(last, None, now(), ctx.config.node_lost_grace)

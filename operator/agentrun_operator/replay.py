@@ -14,7 +14,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import kopf
 from kubernetes.client.exceptions import ApiException
 
 from agentrun import store
@@ -153,7 +152,11 @@ async def reconcile(ctx: Context, replay: Mapping[str, Any]) -> float | None:
                 await _create_run(ctx, replay_run(replay, original, new_name,
                                                   facts.input_digest))
             except ApiException as e:
-                return await _run_not_created(ctx, replay, decision, facts, tools, new_name, e)
+                return await _run_not_created(ctx, replay, decision, facts, tools, new_name,
+                                              e.status, e.reason, api_message(e))
+            except NotOurRun as e:
+                return await _run_not_created(ctx, replay, decision, facts, tools, new_name,
+                                              409, "Conflict", str(e))
         elif await ctx.kube.read_run(meta["namespace"], new_name) is None:
             # Approved before, but the original (or its snapshot's name) vanished before
             # its run was created: say so rather than create a run on nothing.
@@ -172,34 +175,35 @@ async def reconcile(ctx: Context, replay: Mapping[str, Any]) -> float | None:
 
 async def _run_not_created(
     ctx: Context, replay: Mapping[str, Any], decision: Decision, facts: Original | None,
-    tools: list[str] | None, new_name: str, e: ApiException,
+    tools: list[str] | None, new_name: str, status: int, why: str, said: str,
 ) -> float | None:
     """The API server refused the replay run. The replay says so (Approved Unknown,
     RunCreationFailed, the server's message) instead of the operator's log alone. Invalid
     (422/400): it never will be created; the approval is released, so that another replay
     is not refused AlreadyReplayed for a run that never existed. Anything else (forbidden:
     the operator runs with a credential the replayOf policy refuses; the server): retried
-    with backoff."""
+    with backoff. A run of that name that is not this replay's (409) never goes away by
+    itself either."""
     meta = replay["metadata"]
-    said = api_message(e)
-    permanent = e.status in (400, 422)
+    permanent = status in (400, 409, 422)
     if permanent:
         await store.release_replay(ctx.engine, meta["uid"])
-        message = (f"Approved ({decision.reason}), but the API server refused the replay run "
-                   f"{new_name} as invalid: {said}. The approval was released.")
+        message = (f"Approved ({decision.reason}), but the replay run {new_name} cannot be "
+                   f"created ({status} {why}): {said}. The approval was released; create a "
+                   "new AgentRunReplay once that is resolved.")
     else:
         message = (f"Approved ({decision.reason}), but the replay run {new_name} could not be "
-                   f"created ({e.status} {e.reason}): {said}. Retrying with backoff"
+                   f"created ({status} {why}): {said}. Retrying with backoff"
                    + ("; the operator must run with its own credential (ServiceAccount "
                       "agentrun-operator, or a member of group agentrun:operators), which "
-                      "the replayOf admission policy lets create replay runs" if e.status == 403
+                      "the replayOf admission policy lets create replay runs" if status == 403
                       else "") + ".")
     failed = Decision(ReplayPhase.REFUSED if permanent else ReplayPhase.PENDING,
                       ReplayReason.RUN_CREATION_FAILED, message)
     await _write_status(ctx, replay, failed, facts, tools, None, condition_status="Unknown")
     events.post(replay, ReplayReason.RUN_CREATION_FAILED, message, warning=True)
     log.warning("event=replay-run-not-created replay=%s/%s status=%s message=%r",
-                meta["namespace"], meta["name"], e.status, said)
+                meta["namespace"], meta["name"], status, said)
     if permanent:
         return None
     return ctx.queue.failed(("replay", meta["namespace"], meta["name"]))
@@ -233,22 +237,24 @@ async def _claim(
     return decision
 
 
+class NotOurRun(Exception):
+    """An AgentRun of the replay run's name exists and is not this replay's."""
+
+
 async def _create_run(ctx: Context, manifest: Mapping[str, Any]) -> None:
-    """Creates the replay run; finding it already there (a retried handler) is success,
+    """Creates the replay run; finding it already there (a retried reconcile) is success,
     as long as it is this replay's run."""
     if await ctx.kube.create_run(manifest):
         return
     meta = manifest["metadata"]
     found = await ctx.kube.read_run(meta["namespace"], meta["name"])
-    if found is None:
-        raise kopf.TemporaryError(f"AgentRun {meta['name']} exists and does not; retrying",
-                                  delay=1)
+    if found is None:  # deleted between the create and the read: try again
+        raise RuntimeError(f"AgentRun {meta['name']} exists and does not; trying again")
     ours = ((found.get("spec") or {}).get("replayOf") == manifest["spec"]["replayOf"]
             and (found["metadata"].get("annotations") or {}).get(ANNOTATION_INPUT_DIGEST)
             == meta["annotations"][ANNOTATION_INPUT_DIGEST])
     if not ours:
-        raise kopf.PermanentError(
-            f"AgentRun {meta['name']} already exists and is not this replay's run")
+        raise NotOurRun(f"AgentRun {meta['name']} already exists and is not this replay's run")
 
 
 async def _write_status(

@@ -84,6 +84,14 @@ def settled_status(
     }
 
 
+# Failures another attempt cannot mend: the same spec meets the same refusal again.
+NOT_RETRIED = frozenset({
+    Reason.DEADLINE_EXCEEDED, Reason.INPUT_UNAVAILABLE, Reason.STALE,
+    Reason.IMAGE_PULL_FAILED, Reason.MODEL_NOT_ALLOWED, Reason.POD_INVALID,
+    Reason.SESSION_BUSY, Reason.SESSION_NOT_OWNED,
+})
+
+
 def should_retry(
     spec: Mapping[str, Any], attempt: int, phase: str, reason: str,
     tools: Sequence[str] | None,
@@ -93,8 +101,7 @@ def should_retry(
     input, a stale run or an image that will not pull)."""
     if phase != Phase.FAILED or tools is None or len(tools) != 0:
         return False
-    if reason in (Reason.DEADLINE_EXCEEDED, Reason.INPUT_UNAVAILABLE, Reason.STALE,
-                  Reason.IMAGE_PULL_FAILED):
+    if reason in NOT_RETRIED:
         return False
     max_attempts = int(((spec.get("retry") or {}).get("maxAttempts")) or 1)
     return attempt < max_attempts

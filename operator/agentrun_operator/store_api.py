@@ -45,7 +45,7 @@ from kubernetes.client.exceptions import ApiException
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from agentrun import store
+from agentrun import effects, store
 from agentrun.vocabulary import (
     DEFAULT_MEMORY_TTL_DAYS,
     ENV_MEMORY_TTL_DAYS,
@@ -311,7 +311,9 @@ class Routes:
         return {"namespace": caller.namespace, "runName": caller.run_name,
                 "runUid": caller.run_uid, "attempt": caller.attempt, "agent": caller.agent,
                 "userId": caller.user_id, "sessionId": caller.session_id,
-                "inputDigest": caller.input_digest}
+                "inputDigest": caller.input_digest,
+                # Idempotency keys are the lineage's: a replay run's are its original's.
+                "rootRunUid": await store.lineage_root(self.engine, caller.run_uid)}
 
     async def begin(self, request: web.Request, caller: Caller) -> dict[str, Any]:
         await store.begin_attempt(self.engine, caller.run_uid, caller.attempt,
@@ -430,9 +432,13 @@ class Routes:
         seq, tool = _field(data, "seq", int), _field(data, "tool", str)
         call_id = _field(data, "callId", str, optional=True)
         digest = _field(data, "argsDigest", str)
+        effect = _field(data, "effect", str, optional=True)
+        if effect is not None and effect not in effects.ALL:
+            raise Refused(400, f"effect must be one of {', '.join(effects.ALL)}")
         try:
             await store.open_call(self.engine, caller.run_uid, caller.attempt, seq, tool,
-                                  call_id, digest)
+                                  call_id, digest, effect,
+                                  _field(data, "idempotencyKey", str, optional=True))
         except store.AttemptSettled as e:
             raise Refused(409, str(e)) from e
         except IntegrityError as e:
@@ -459,7 +465,7 @@ class Routes:
         except ValueError as e:
             raise Refused(400, "the call's seq must be a number") from e
         if not await store.close_call(self.engine, caller.run_uid, caller.attempt, seq,
-                                      outcome):
+                                      outcome, data.get("result")):
             raise Refused(409, f"call {seq} of attempt {caller.attempt} of run "
                                f"{caller.run_name} is not an open call of this attempt; "
                                "a finished call is never rewritten")
@@ -488,11 +494,13 @@ class Routes:
             query=_field(data, "query", str))
         return json.loads(found.model_dump_json(exclude_none=True))
 
-    async def record_side_effect(self, request: web.Request, caller: Caller) -> None:
+    async def record_side_effect(self, request: web.Request, caller: Caller) -> dict[str, Any]:
         data = await _body(request)
-        await store.record_side_effect(
+        made = await store.record_side_effect(
             self.engine, _field(data, "tool", str), _field(data, "args", dict),
-            run_name=caller.run_name, run_uid=caller.run_uid, attempt=caller.attempt)
+            run_name=caller.run_name, run_uid=caller.run_uid, attempt=caller.attempt,
+            idempotency_key=_field(data, "idempotencyKey", str, optional=True))
+        return {"recorded": made}
 
 
 def application(authority: Authority, routes: Routes,

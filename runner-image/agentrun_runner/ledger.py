@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from google.adk.plugins.base_plugin import BasePlugin
 from google.adk.tools.base_tool import BaseTool
 
+from agentrun import effects
 from agentrun.store.ledger import args_digest
 from agentrun.vocabulary import LedgerOutcome
 from agentrun_runner import logs
@@ -43,10 +46,16 @@ class WriteAheadLedger(BasePlugin):
         self,
         client: StoreClient,
         failures: list[BaseException] | None = None,
+        *,
+        root_run_uid: str = "",
+        overrides: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(name="agentrun_ledger")
         self._failures = failures if failures is not None else []
         self._client = client
+        # The lineage whose idempotency keys these calls get, and spec.tools' effects.
+        self._root = root_run_uid
+        self._overrides = dict(overrides or {})
         self._seq = itertools.count(1)
         self._open: dict[int, int] = {}  # id(tool_context) -> seq
 
@@ -64,8 +73,11 @@ class WriteAheadLedger(BasePlugin):
     ) -> dict[str, Any] | None:
         seq = next(self._seq)
         call_id = tool_context.function_call_id
+        effect = effects.effect_of(tool, self._overrides)
+        key = effects.key_for(self._root, call_id) if self._root and call_id else None
         try:
-            await self._client.open_call(seq, tool.name, call_id, args_digest(tool_args))
+            await self._client.open_call(seq, tool.name, call_id, args_digest(tool_args),
+                                         effect, key)
         except asyncio.CancelledError:
             raise
         except BaseException as e:
@@ -75,16 +87,19 @@ class WriteAheadLedger(BasePlugin):
             self._failures.append(failure)
             raise failure from e
         self._open[id(tool_context)] = seq
-        logs.info("tool.start", tool=tool.name, seq=seq, call_id=call_id)
+        logs.info("tool.start", tool=tool.name, seq=seq, call_id=call_id, effect=effect)
         return None
 
-    async def _close(self, tool: BaseTool, tool_context: ToolContext, outcome: str) -> None:
+    async def _close(self, tool: BaseTool, tool_context: ToolContext, outcome: str,
+                     result: Any) -> None:
         seq = self._open.pop(id(tool_context), None)
         if seq is None:
             return
         logs.info("tool.end", tool=tool.name, seq=seq, outcome=outcome)
         try:
-            await self._client.close_call(seq, outcome)
+            # The result is journalled as JSON (what a resume answers the call with).
+            await self._client.close_call(seq, outcome, json.loads(json.dumps(
+                result, default=str)))
         except Exception as e:
             # The call itself is recorded; a missing finish only reads as "never answered".
             logs.warning("ledger.close_failed", tool=tool.name, seq=seq,
@@ -98,7 +113,7 @@ class WriteAheadLedger(BasePlugin):
         tool_context: ToolContext,
         result: dict[str, Any],
     ) -> dict[str, Any] | None:
-        await self._close(tool, tool_context, LedgerOutcome.OK)
+        await self._close(tool, tool_context, LedgerOutcome.OK, result)
         return None
 
     async def on_tool_error_callback(
@@ -109,5 +124,6 @@ class WriteAheadLedger(BasePlugin):
         tool_context: ToolContext,
         error: Exception,
     ) -> dict[str, Any] | None:
-        await self._close(tool, tool_context, LedgerOutcome.ERROR)
+        await self._close(tool, tool_context, LedgerOutcome.ERROR,
+                          {"error": f"{type(error).__name__}: {error}"})
         return None

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import mimetypes
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from google.genai import types
 
+from agentrun import effects
 from agentrun.vocabulary import (
     DEFAULT_USER_ID,
     SCRIPTED_MODEL,
@@ -73,6 +75,8 @@ class RunnerConfig:
     store_url: str | None
     token_file: str | None
     allow_scripted_model: bool = False
+    # spec.tools: tool name -> effect class, overriding the agent's declarations.
+    tool_effects: dict[str, str] = field(default_factory=dict)
 
 
 class UsageError(ValueError):
@@ -150,7 +154,19 @@ def parse_config(argv: Sequence[str] | None, environ: dict[str, str]) -> RunnerC
         token_file=get(args.store_token_file, RunnerEnv.STORE_TOKEN_FILE),
         # Only from the environment the operator sets (last, after the user's env).
         allow_scripted_model=environ.get(RunnerEnv.ALLOW_SCRIPTED_MODEL) == "true",
+        tool_effects=_tool_effects(environ.get(RunnerEnv.TOOLS) or ""),
     )
+
+
+def _tool_effects(raw: str) -> dict[str, str]:
+    """spec.tools as the operator passes it (JSON list of {name, effect})."""
+    if not raw:
+        return {}
+    try:
+        return {str(t["name"]): str(t["effect"]) for t in json.loads(raw)}
+    except (ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"{RunnerEnv.TOOLS} must be a JSON list of {{name, effect}}: {e}") \
+            from None
 
 
 @dataclass(frozen=True)
@@ -244,6 +260,7 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
         return _refuse(RunnerExit.STORE_UNAVAILABLE, "store.unavailable",
                        f"the run store cannot be used through the store API at "
                        f"{config.store_url}: {e}")
+    effects.bind_lineage(me.root_run_uid)
     # The store API's word (from the pod's token) is what counts; the environment only
     # names it for the logs.
     if (me.run_uid, me.attempt) != (config.run_uid, config.attempt):
@@ -290,7 +307,9 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
         app=App(
             name=config.agent,
             root_agent=root_agent,
-            plugins=[WriteAheadLedger(client, watch.failures), CompactionPlugin()],
+            plugins=[WriteAheadLedger(client, watch.failures, root_run_uid=me.root_run_uid,
+                                      overrides=config.tool_effects),
+                     CompactionPlugin()],
         ),
         session_service=sessions,
         memory_service=memory,

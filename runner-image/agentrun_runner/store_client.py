@@ -63,6 +63,7 @@ class Identity:
     user_id: str
     session_id: str
     input_digest: str | None
+    root_run_uid: str = ""
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,8 @@ class StoreClient:
         return Identity(namespace=data["namespace"], run_name=data["runName"],
                         run_uid=data["runUid"], attempt=int(data["attempt"]),
                         agent=data["agent"], user_id=data["userId"],
-                        session_id=data["sessionId"], input_digest=data.get("inputDigest"))
+                        session_id=data["sessionId"], input_digest=data.get("inputDigest"),
+                        root_run_uid=data.get("rootRunUid") or data["runUid"])
 
     async def record_invocation(self, invocation_id: str) -> None:
         await self.request("POST", "/v1/attempt/invocation", {"invocationId": invocation_id})
@@ -151,16 +153,23 @@ class StoreClient:
 
     # -- the ledger ------------------------------------------------------------------------
 
-    async def open_call(self, seq: int, tool: str, call_id: str | None, digest: str) -> None:
+    async def open_call(self, seq: int, tool: str, call_id: str | None, digest: str,
+                        effect: str | None = None, key: str | None = None) -> None:
         await self.request("POST", "/v1/ledger", {"seq": seq, "tool": tool, "callId": call_id,
-                                                  "argsDigest": digest})
+                                                  "argsDigest": digest, "effect": effect,
+                                                  "idempotencyKey": key})
 
-    async def close_call(self, seq: int, outcome: str) -> None:
-        await self.request("POST", f"/v1/ledger/{seq}/close", {"outcome": outcome})
+    async def close_call(self, seq: int, outcome: str, result: Any = None) -> None:
+        await self.request("POST", f"/v1/ledger/{seq}/close",
+                           {"outcome": outcome, "result": result})
 
-    async def record_side_effect(self, tool: str, args: Mapping[str, Any]) -> None:
-        """The sample agents' "world": a row in the store's sample outbox."""
-        await self.request("POST", "/v1/outbox", {"tool": tool, "args": dict(args)})
+    async def record_side_effect(self, tool: str, args: Mapping[str, Any],
+                                 idempotency_key: str | None = None) -> bool:
+        """The sample agents' "world": a row in the store's sample outbox (one per
+        idempotency key). Returns whether this call made the row."""
+        data = await self.request("POST", "/v1/outbox", {"tool": tool, "args": dict(args),
+                                                         "idempotencyKey": idempotency_key})
+        return bool(data.get("recorded"))
 
 
 # The process's client, for the sample tools (set by the runner when it starts).

@@ -270,6 +270,41 @@ CASES = [
         replay_manifest("rr", note="n" * 4097),
         "spec.note: Too long: may not be more than 4096",
     ),
+    Case(
+        "replay resume change",
+        replay_manifest("rr", resume=True),
+        "spec.resume is immutable; create a new AgentRunReplay instead",
+        before=replay_manifest("rr", resume=False),
+    ),
+    # -- AgentRun: tools (effect overrides)
+    Case(
+        "tool effect not a class",
+        run_manifest("r", tools=[{"name": "send_email", "effect": "Harmless"}]),
+        'spec.tools[0].effect: Unsupported value: "Harmless": supported values: '
+        '"ReadOnly", "Idempotent", "Effectful"',
+    ),
+    Case(
+        "tool named twice",
+        run_manifest("r", tools=[{"name": "send_email", "effect": "Idempotent"},
+                                 {"name": "send_email", "effect": "Effectful"}]),
+        "spec.tools[1]: Duplicate value",
+    ),
+    Case(
+        "tool without effect",
+        run_manifest("r", tools=[{"name": "send_email"}]),
+        "spec.tools[0].effect: Required value",
+    ),
+    Case(
+        "too many tools",
+        run_manifest("r", tools=[{"name": f"t{i}", "effect": "ReadOnly"} for i in range(65)]),
+        "spec.tools: Too many: 65: must have at most 64 items",
+    ),
+    Case(
+        "retry resume not a boolean",
+        run_manifest("r", retry={"maxAttempts": 2, "resume": "yes"}),
+        'spec.retry.resume: Invalid value: "string": spec.retry.resume in body must be of '
+        "type boolean",
+    ),
 ]
 
 

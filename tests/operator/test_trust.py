@@ -44,6 +44,12 @@ def test_the_scripted_model_is_refused_without_the_flag(
     assert status["toolsExecuted"] == []
     assert _pods(strict, solo_namespace, "puppet") == []
     assert strict.emails("puppet") == []
+    # Attempts to spare change nothing: the same spec is refused the same way.
+    strict.apply(in_namespace(agent_run("puppet-again", HAPPY, retry={"maxAttempts": 3}),
+                              solo_namespace))
+    run = strict.wait_phase(solo_namespace, "puppet-again", Phase.FAILED, Phase.SUCCEEDED)
+    assert (run["status"]["reason"], run["status"]["attempts"]) == (
+        Reason.MODEL_NOT_ALLOWED, 1)
 
 
 def test_a_second_live_run_on_one_session_is_refused(system: System, namespace: str) -> None:

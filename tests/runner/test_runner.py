@@ -325,3 +325,35 @@ def test_cli_flags_override_the_environment(sqlite_store: str, flag_style: bool)
     done = launch(env, ["--run-uid", run.uid])
     assert done.returncode == 0, explain(done)
     assert outcome(run) is not None
+
+
+def test_the_journal_keeps_each_calls_effect_key_and_result(pg_store: str) -> None:
+    run = prepare_run(pg_store, "journal-1")
+    done = run_runner(run, [{"call": "read_message"}, {"call": "send_email", "args": EMAIL},
+                            {"call": "update_crm", "args": {"customer": "42",
+                                                            "status": "refunded"}},
+                            {"text": "Done."}])
+    assert done.returncode == 0, explain(done)
+    entries = query(pg_store, lambda e: store.ledger(e, run.uid))
+    assert [(x.tool, x.effect) for x in entries] == [
+        ("read_message", "ReadOnly"), ("send_email", "Idempotent"), ("update_crm", "Effectful")]
+    assert entries[1].result == {"status": "sent", "to": EMAIL["to"]}
+    # Keys: one per call, from the lineage and the call id (never the arguments).
+    assert all(x.idempotency_key and x.idempotency_key.startswith("agentrun-") for x in entries)
+    assert len({x.idempotency_key for x in entries}) == 3
+    sent = emails(pg_store, run)
+    assert [r.idempotency_key for r in sent] == [entries[1].idempotency_key]
+    # The world dedupes by the key: the same call's email sent again is the same row.
+    again = query(pg_store, lambda e: store.record_side_effect(
+        e, "send_email", dict(EMAIL), run.name, run.uid, 2, entries[1].idempotency_key))
+    assert again is False
+    assert len(emails(pg_store, run)) == 1
+
+
+def test_spec_tools_override_the_agents_declarations(pg_store: str) -> None:
+    run = prepare_run(pg_store, "journal-2")
+    done = run_runner(run, [{"call": "read_message"}, {"text": "Done."}], **{
+        "AGENTRUN_TOOLS": json.dumps([{"name": "read_message", "effect": "Effectful"}])})
+    assert done.returncode == 0, explain(done)
+    entries = query(pg_store, lambda e: store.ledger(e, run.uid))
+    assert [(x.tool, x.effect) for x in entries] == [("read_message", "Effectful")]

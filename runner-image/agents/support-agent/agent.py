@@ -17,16 +17,18 @@ import os
 from google.adk.agents import LlmAgent
 from google.adk.tools.tool_context import ToolContext
 
+from agentrun import effects
 from agentrun.vocabulary import ENV_TEST_CRASH_IN
 from agentrun_runner import store_client
 
 
-async def _act(tool: str, args: dict) -> None:
-    await store_client.current().record_side_effect(tool, args)
+async def _act(tool: str, args: dict, key: str | None = None) -> None:
+    await store_client.current().record_side_effect(tool, args, key)
     if os.environ.get(ENV_TEST_CRASH_IN) == tool:
         os._exit(137)
 
 
+@effects.read_only
 async def read_message(tool_context: ToolContext) -> str:
     """Returns the customer's message (the run's input text)."""
     content = tool_context.user_content
@@ -35,10 +37,14 @@ async def read_message(tool_context: ToolContext) -> str:
     return "".join(p.text or "" for p in content.parts)
 
 
-async def send_email(to: str, body: str, delay_seconds: float = 0) -> dict:
+@effects.idempotent
+async def send_email(to: str, body: str, tool_context: ToolContext,
+                     delay_seconds: float = 0) -> dict:
     """Sends an email to a customer. The email is recorded at once; the tool answers
-    after `delay_seconds` (a tool that acted and has not answered yet)."""
-    await _act("send_email", {"to": to, "body": body, "delay_seconds": delay_seconds})
+    after `delay_seconds` (a tool that acted and has not answered yet). The outbox
+    dedupes by the call's idempotency key, as an email provider does."""
+    await _act("send_email", {"to": to, "body": body, "delay_seconds": delay_seconds},
+               effects.idempotency_key(tool_context))
     if delay_seconds:
         await asyncio.sleep(float(delay_seconds))
     return {"status": "sent", "to": to}
@@ -50,6 +56,16 @@ async def update_crm(customer: str, status: str) -> dict:
     return {"status": "updated", "customer": customer}
 
 
+async def charge_card(customer: str, amount: float, delay_seconds: float = 0) -> dict:
+    """Charges a customer's card (Effectful: twice is twice). The charge is recorded at
+    once; the tool answers after `delay_seconds`."""
+    await _act("charge_card", {"customer": customer, "amount": amount,
+                               "delay_seconds": delay_seconds})
+    if delay_seconds:
+        await asyncio.sleep(float(delay_seconds))
+    return {"status": "charged", "customer": customer, "amount": amount}
+
+
 root_agent = LlmAgent(
     name="support_agent",
     model="gemini-2.5-flash",
@@ -59,5 +75,5 @@ root_agent = LlmAgent(
         "decide what to do, email the customer with send_email when an answer is needed, "
         "record the case status with update_crm, then summarise what you did in one sentence."
     ),
-    tools=[read_message, send_email, update_crm],
+    tools=[read_message, send_email, update_crm, charge_card],
 )
