@@ -73,10 +73,15 @@ RUN_KUBECONFIG ?= $(if $(filter $(DEV_KUBECONFIG),$(abspath $(KUBECONFIG))),$(LO
 # is on. The chart leaves it off (operator.allowScriptedModel).
 RUN_ARGS ?= --allow-scripted-model
 
+# The run store: DATABASE_URL, else the development cluster's SQLite file in this
+# checkout's .local (not wherever the package happens to be installed).
+RUN_DATABASE_URL ?= $(or $(DATABASE_URL),sqlite:///$(LOCAL)/agentrun.db)
+
 .PHONY: run
 run: venv ## run the operator in the foreground against the current kube context
 	@echo "agentrun-operator with KUBECONFIG=$(or $(RUN_KUBECONFIG),~/.kube/config)"
-	KUBECONFIG=$(RUN_KUBECONFIG) $(VENV)/bin/agentrun-operator $(RUN_ARGS)
+	KUBECONFIG=$(RUN_KUBECONFIG) DATABASE_URL=$(RUN_DATABASE_URL) \
+		$(VENV)/bin/agentrun-operator $(RUN_ARGS)
 
 .PHONY: deploy
 deploy: ## Helm install into the current kube context (namespace agentrun-system)

@@ -58,6 +58,7 @@ class Reason:
     POD_CREATED: Final = "PodCreated"
     STARTED: Final = "Started"
     RETRYING: Final = "Retrying"
+    RESUMING: Final = "Resuming"
     # Pending, and saying why (when the operator cannot act, or the pod cannot start).
     POD_CREATE_FAILED: Final = "PodCreateFailed"
     POD_WAITING: Final = "PodWaiting"
@@ -218,6 +219,8 @@ class LedgerOutcome:
 
     OK: Final = "ok"
     ERROR: Final = "error"
+    # Not run: answered from the journal (the call had finished in an earlier attempt).
+    JOURNAL: Final = "journal"
 
 
 # Test hook of the sample agents only: the named tool kills its runner with os._exit right

@@ -77,9 +77,11 @@ from agentrun.store.engine import (
 from agentrun.store.inputs import Input, delete_input, get_input, input_digest, put_input
 from agentrun.store.ledger import (
     AttemptSettled,
+    JournalEntry,
     LedgerEntry,
     args_digest,
     close_call,
+    journal,
     ledger,
     open_call,
     tools_executed,
@@ -130,6 +132,7 @@ __all__ = [
     "Claim",
     "Input",
     "InvocationRecorded",
+    "JournalEntry",
     "LedgerEntry",
     "OutboxRow",
     "Outcome",
@@ -159,6 +162,7 @@ __all__ = [
     "head_revision",
     "input_digest",
     "is_durable",
+    "journal",
     "ledger",
     "lineage_root",
     "make_engine",

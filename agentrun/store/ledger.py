@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select, text, update
+from sqlalchemy import or_, select, text, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agentrun.store.schema import attempts, tool_calls
-from agentrun.vocabulary import RunStatus
+from agentrun.vocabulary import LedgerOutcome, RunStatus
 
 
 @dataclass(frozen=True)
@@ -225,14 +225,17 @@ async def tools_on(conn: AsyncConnection, uid: str, attempt: int) -> list[str]:
     rows = await conn.execute(
         select(tool_calls.c.tool, tool_calls.c.call_id, tool_calls.c.started_at,
                tool_calls.c.seq)
-        .where(tool_calls.c.run_uid == uid, tool_calls.c.attempt == attempt)
+        .where(tool_calls.c.run_uid == uid, tool_calls.c.attempt == attempt,
+               # Answered from the journal: it ran in an earlier attempt, not in this one.
+               or_(tool_calls.c.outcome.is_(None), tool_calls.c.outcome != LedgerOutcome.JOURNAL))
         .order_by(tool_calls.c.seq)
     )
     ledgered = [_Call(r.tool, r.call_id, _epoch(r.started_at), r.seq) for r in rows]
     where = (
         await conn.execute(
             select(attempts.c.app_name, attempts.c.user_id, attempts.c.session_id,
-                   attempts.c.invocation_id)
+                   attempts.c.invocation_id, attempts.c.resumes_attempt,
+                   attempts.c.runner_started_at)
             .where(attempts.c.run_uid == uid, attempts.c.attempt == attempt)
         )
     ).one_or_none()
@@ -243,4 +246,82 @@ async def tools_on(conn: AsyncConnection, uid: str, attempt: int) -> list[str]:
         session = await _session_calls(
             conn, where.app_name, where.user_id, where.session_id, where.invocation_id
         )
+        if where.resumes_attempt is not None:
+            # A resumed attempt continues the invocation of the one it resumes: only the
+            # calls made since it started are its own.
+            since = _epoch(where.runner_started_at) if where.runner_started_at else 0.0
+            session = [c for c in session if c.at >= since]
+            ledgered_ids = {c.call_id for c in ledgered}
+            journalled = {r.call_id for r in await conn.execute(
+                select(tool_calls.c.call_id).where(
+                    tool_calls.c.run_uid == uid, tool_calls.c.attempt == attempt,
+                    tool_calls.c.outcome == LedgerOutcome.JOURNAL))}
+            session = [c for c in session
+                       if c.call_id in ledgered_ids or c.call_id not in journalled]
     return union_in_call_order(session, ledgered)
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """A call of the run's journal: the last word of the ledger on it (its attempt, its
+    effect and key, whether it finished, its result), and whether its response reached
+    the session."""
+
+    seq: int
+    attempt: int
+    tool: str
+    call_id: str | None
+    effect: str | None
+    idempotency_key: str | None
+    started_at: datetime
+    finished: bool
+    result: Any
+    answered: bool
+
+
+async def journal(engine: AsyncEngine, uid: str, attempts_of_session: list[int],
+                  app_name: str, user_id: str, session_id: str) -> list[JournalEntry] | None:
+    """The journal of a session (the given attempts of run `uid` used it): each call once,
+    by call id, in call order. A call that finished in any attempt is finished; a call
+    answered from the journal is the earlier call. None when the session's events cannot
+    be read (or are gone)."""
+    try:
+        async with engine.connect() as conn:
+            rows = list(await conn.execute(
+                select(tool_calls).where(tool_calls.c.run_uid == uid,
+                                         tool_calls.c.attempt.in_(attempts_of_session))
+                .order_by(tool_calls.c.attempt, tool_calls.c.seq)))
+            events = await conn.execute(
+                text("SELECT event_data FROM events WHERE app_name = :app AND user_id = :user "
+                     "AND session_id = :session"),
+                {"app": app_name, "user": user_id, "session": session_id})
+            answered: set[str] = set()
+            count = 0
+            for (data,) in events:
+                count += 1
+                if isinstance(data, str | bytes):
+                    data = json.loads(data)
+                for part in ((data or {}).get("content") or {}).get("parts") or []:
+                    response = part.get("function_response") if isinstance(part, Mapping) \
+                        else None
+                    if response and response.get("id"):
+                        answered.add(str(response["id"]))
+    except UNREADABLE:
+        return None
+    if count == 0:
+        return None
+    calls: dict[str, JournalEntry] = {}
+    for r in rows:
+        key = r.call_id or f"{r.attempt}#{r.seq}"
+        if r.outcome == LedgerOutcome.JOURNAL:
+            continue
+        before = calls.get(key)
+        finished = r.finished_at is not None or bool(before and before.finished)
+        calls[key] = JournalEntry(
+            seq=before.seq if before else r.seq, attempt=r.attempt, tool=r.tool,
+            call_id=r.call_id, effect=r.effect, idempotency_key=r.idempotency_key,
+            started_at=before.started_at if before else r.started_at, finished=finished,
+            result=r.result if r.finished_at is not None else (before.result if before
+                                                               else None),
+            answered=bool(r.call_id) and r.call_id in answered)
+    return list(calls.values())

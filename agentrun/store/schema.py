@@ -99,6 +99,8 @@ attempts = Table(
     Column("pod_name", String(253)),
     # Set once the pod was created (None: not created yet, as far as the store knows).
     Column("pod_uid", String(64)),
+    # The earlier attempt whose session (and invocation) this one resumes, if it does.
+    Column("resumes_attempt", Integer),
     # The ADK session this attempt used, and the invocation of its turn: only events of
     # that invocation belong to this attempt (a chat session holds earlier turns).
     Column("app_name", String(253)),

@@ -38,7 +38,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from agentrun import store
+from agentrun import effects, store
 from agentrun.vocabulary import (
     DEFAULT_USER_ID,
     GROUP,
@@ -53,6 +53,16 @@ from agentrun_operator import events, metrics
 from agentrun_operator import status as st
 from agentrun_operator.classify import Outcome, classify
 from agentrun_operator.config import OperatorConfig
+from agentrun_operator.decide import (
+    ANSWERED,
+    FINISHED,
+    IN_DOUBT,
+    Decision,
+    Journal,
+    JournalCall,
+    Original,
+    decide_resume,
+)
 from agentrun_operator.informer import Informer, Key
 from agentrun_operator.kube import InputForbidden, InputMissing, Kube, api_message
 from agentrun_operator.pods import pod_name, runner_pod, session_id_for
@@ -406,6 +416,12 @@ async def _start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int) -> 
     meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
     name = pod_name(meta["name"], attempt)
     session = session_id_for(run, attempt)
+    resumes: int | None = None
+    if attempt in (status.get("resumedAttempts") or []):
+        # A resumed attempt continues the session of the attempt before it.
+        earlier = await store.get_attempt(ctx.engine, meta["uid"], attempt - 1)
+        if earlier is not None and earlier.session_id:
+            session, resumes = earlier.session_id, attempt - 1
     claim = await store.claim_session(
         ctx.engine, namespace=meta["namespace"], session_id=session, agent=spec["agent"],
         user_id=spec.get("userId") or DEFAULT_USER_ID, run_uid=meta["uid"])
@@ -423,7 +439,7 @@ async def _start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int) -> 
     digest = recorded.input_digest if recorded is not None else None
     if not digest:
         return await _launch(ctx, run)
-    await store.start_attempt(ctx.engine, meta["uid"], attempt, session, name)
+    await store.start_attempt(ctx.engine, meta["uid"], attempt, session, name, resumes)
     account = spec.get("serviceAccountName")
     if not account and (meta["namespace"], ctx.config.runner_service_account) not in \
             ctx.service_accounts:
@@ -529,6 +545,22 @@ async def _finish(ctx: Context, run: Mapping[str, Any], attempt: int,
 async def _after_settle(ctx: Context, run: Mapping[str, Any], attempt: int, phase: str,
                         reason: str, message: str, tools: list[str] | None) -> float | None:
     spec, status = run.get("spec") or {}, run.get("status") or {}
+    resume = await _resume_decision(ctx, run, attempt, phase, reason, tools)
+    if resume is not None and resume.approved:
+        following = attempt + 1
+        said = f"Attempt {attempt} failed ({reason}); attempt {following} resumes it. " \
+            + resume.message
+        changes = st.live_status(Phase.PENDING, Reason.RESUMING, said, now(), status,
+                                 attempts=following, resumedAttempts=[
+                                     *(status.get("resumedAttempts") or []), following])
+        changes["conditions"] = [
+            *[c for c in changes["conditions"] if c.get("type") != st.Condition.RESUMABLE],
+            st.resumable_condition(True, resume.reason, resume.message, now(), status)]
+        await _write(ctx, run, changes)
+        events.post(run, Reason.RESUMING, said)
+        _log(run, "resume", attempt=following, after=reason)
+        metrics.ATTEMPTS_RETRIED.labels(reason).inc()
+        return 0
     if st.should_retry(spec, attempt, phase, reason, tools):
         following = attempt + 1
         said = (f"Attempt {attempt} failed ({reason}) before calling any tool; starting "
@@ -539,8 +571,13 @@ async def _after_settle(ctx: Context, run: Mapping[str, Any], attempt: int, phas
         _log(run, "retry", attempt=following, after=reason)
         metrics.ATTEMPTS_RETRIED.labels(reason).inc()
         return 0
-    await _write(ctx, run, st.settled_status(phase, reason, message, tools, now(), status,
-                                             attempts=attempt))
+    settled = st.settled_status(phase, reason, message, tools, now(), status, attempts=attempt)
+    if resume is not None:  # asked to resume, and refused: say why, on the run
+        settled["conditions"] = [
+            *[c for c in settled["conditions"] if c.get("type") != st.Condition.RESUMABLE],
+            st.resumable_condition(False, resume.reason, resume.message, now(), status)]
+        events.post(run, resume.reason, f"Not resumed: {resume.message}", warning=True)
+    await _write(ctx, run, settled)
     _log(run, "settled", attempt=attempt, phase=phase, reason=reason, tools=tools)
     metrics.RUNS_SETTLED.labels(phase, reason).inc()
     if tools is None:
@@ -550,6 +587,54 @@ async def _after_settle(ctx: Context, run: Mapping[str, Any], attempt: int, phas
     events.post(run, reason, f"{message} Tools executed: {told}.",
                 warning=phase != Phase.SUCCEEDED)
     return 0
+
+
+# Failures after which spec.retry.resume does not resume (api.md, "Automatic resume").
+_NOT_RESUMED = frozenset({Reason.SUCCEEDED, Reason.CANCELLED, *st.NOT_RETRIED})
+
+
+async def _resume_decision(ctx: Context, run: Mapping[str, Any], attempt: int, phase: str,
+                           reason: str, tools: list[str] | None) -> Decision | None:
+    """With spec.retry.resume, whether the failed attempt is resumed: the same decision as
+    a manual resume (decide.decide_resume), on the run itself. None when resume does not
+    apply (not asked for, no attempt left, nothing ran: a plain retry then starts over)."""
+    spec = run.get("spec") or {}
+    retry = spec.get("retry") or {}
+    if not retry.get("resume") or phase != Phase.FAILED or reason in _NOT_RESUMED:
+        return None
+    if attempt >= int(retry.get("maxAttempts") or 1) or tools == []:
+        return None
+    status = run.get("status") or {}
+    digest = status.get("inputDigest")
+    original = Original(phase=phase, tools_executed=tools, input_digest=digest,
+                        input_available=bool(digest), reason=reason)
+    journal = await journal_of(ctx.engine, run["metadata"]["uid"], attempt)
+    return decide_resume(run["metadata"]["name"], original, journal,
+                         already_replayed_by=None, forced=False)
+
+
+async def journal_of(engine: AsyncEngine, uid: str, attempt: int) -> Journal:
+    """The journal of attempt `attempt`'s session, as the resume decision reads it."""
+    try:
+        row = await store.get_attempt(engine, uid, attempt)
+        if row is None or row.invocation_id is None or row.session_id is None:
+            return Journal(False)
+        same_session = [row.attempt]
+        for earlier in range(1, attempt):
+            found = await store.get_attempt(engine, uid, earlier)
+            if found is not None and found.session_id == row.session_id:
+                same_session.append(earlier)
+        entries = await store.journal(engine, uid, sorted(same_session), row.app_name or "",
+                                      row.user_id or "", row.session_id)
+    except Exception as e:
+        log.warning("event=journal-unreadable uid=%s attempt=%s error=%r", uid, attempt, e)
+        return Journal(False)
+    if entries is None:
+        return Journal(False)
+    return Journal(True, tuple(JournalCall(
+        seq=e.seq, tool=e.tool, effect=e.effect or effects.EFFECTFUL,
+        state=ANSWERED if e.answered else FINISHED if e.finished else IN_DOUBT,
+        called_at=e.started_at, key=e.idempotency_key or "") for e in entries))
 
 
 async def _with_runner_account(ctx: Context, uid: str, attempt: int,

@@ -161,9 +161,11 @@ async def reconcile(ctx: Context, replay: Mapping[str, Any]) -> float | None:
             # Approved before, but the original (or its snapshot's name) vanished before
             # its run was created: say so rather than create a run on nothing.
             decision = decide(run_name, facts, already_replayed_by=None, forced=forced)
+    # Logged as decided before the status write, which a replica that decided the same
+    # at the same moment may lose (Conflict): the decision itself went through the store.
+    _log(replay, decision, new_name if decision.approved else None)
     await _write_status(ctx, replay, decision, facts, tools,
                         new_name if decision.approved else None)
-    _log(replay, decision, new_name if decision.approved else None)
     events.post(replay, decision.reason, decision.message
                 + (f" Created AgentRun {new_name}." if decision.approved else ""),
                 warning=not decision.approved)

@@ -65,7 +65,8 @@ def live_status(
     return {
         "phase": phase, "reason": reason, "message": message, **fields,
         "conditions": [succeeded_condition(phase, reason, message, now, before),
-                       *[c for c in before if c.get("type") == Condition.TOOLS_EXECUTED]],
+                       *[c for c in before if c.get("type") in (Condition.TOOLS_EXECUTED,
+                                                                 Condition.RESUMABLE)]],
     }
 
 
@@ -80,7 +81,8 @@ def settled_status(
         "toolsExecuted": None if tools is None else list(tools),
         "finishedAt": stamp(now), **fields,
         "conditions": [succeeded_condition(phase, reason, message, now, before),
-                       tools_condition(tools, now, before)],
+                       tools_condition(tools, now, before),
+                       *[c for c in before if c.get("type") == Condition.RESUMABLE]],
     }
 
 
@@ -147,3 +149,11 @@ def pod_waiting(pod: Mapping[str, Any]) -> tuple[str, str] | None:
                     f"Runner pod {name} cannot start its container ({why}{detail}). It "
                     "stays Pending until that is fixed; nothing has run.")
     return None
+
+
+def resumable_condition(resumable: bool, reason: str, message: str, now: datetime.datetime,
+                        previous: Mapping[str, Any]) -> dict[str, Any]:
+    """Resumable: True when a failed attempt was resumed, False (with the refusal's reason
+    and message) when spec.retry.resume asked for it and the journal did not allow it."""
+    return _condition(Condition.RESUMABLE, "True" if resumable else "False", reason, message,
+                      now, list(previous.get("conditions") or []))

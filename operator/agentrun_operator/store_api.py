@@ -94,6 +94,7 @@ class Caller:
     session_id: str
     app_name: str  # the namespaced ADK app name (store.session_app)
     input_digest: str | None
+    resumes_attempt: int | None = None
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,7 @@ class Authority:
                       run_uid=run_uid, attempt=attempt, agent=found.agent,
                       user_id=found.user_id, session_id=found.session_id or "",
                       app_name=found.app_name or store.session_app(found.namespace, found.agent),
-                      input_digest=found.input_digest)
+                      input_digest=found.input_digest, resumes_attempt=found.resumes_attempt)
 
     async def _runner_of(self, bound: BoundPod) -> tuple[str, int, str]:
         hit = self._pods.get(bound.uid)
@@ -313,7 +314,28 @@ class Routes:
                 "userId": caller.user_id, "sessionId": caller.session_id,
                 "inputDigest": caller.input_digest,
                 # Idempotency keys are the lineage's: a replay run's are its original's.
-                "rootRunUid": await store.lineage_root(self.engine, caller.run_uid)}
+                "rootRunUid": await store.lineage_root(self.engine, caller.run_uid),
+                "resumeInvocation": await self._resume_invocation(caller)}
+
+    async def _resume_invocation(self, caller: Caller) -> str | None:
+        """The invocation this attempt continues, when it resumes an earlier one."""
+        if caller.resumes_attempt is None:
+            return None
+        earlier = await store.get_attempt(self.engine, caller.run_uid, caller.resumes_attempt)
+        return earlier.invocation_id if earlier is not None else None
+
+    async def journal(self, _: web.Request, caller: Caller) -> dict[str, Any]:
+        """The calls of the session this attempt resumes, for answering from the journal
+        those that finished."""
+        if caller.resumes_attempt is None:
+            return {"calls": []}
+        attempts = list(range(1, caller.attempt))
+        entries = await store.journal(self.engine, caller.run_uid, attempts, caller.app_name,
+                                      caller.user_id, caller.session_id) or []
+        return {"calls": [{"seq": e.seq, "attempt": e.attempt, "tool": e.tool,
+                           "callId": e.call_id, "effect": e.effect,
+                           "idempotencyKey": e.idempotency_key, "finished": e.finished,
+                           "answered": e.answered, "result": e.result} for e in entries]}
 
     async def begin(self, request: web.Request, caller: Caller) -> dict[str, Any]:
         await store.begin_attempt(self.engine, caller.run_uid, caller.attempt,
@@ -458,8 +480,9 @@ class Routes:
     async def close_call(self, request: web.Request, caller: Caller) -> None:
         data = await _body(request)
         outcome = _field(data, "outcome", str)
-        if outcome not in (LedgerOutcome.OK, LedgerOutcome.ERROR):
-            raise Refused(400, f"outcome must be {LedgerOutcome.OK} or {LedgerOutcome.ERROR}")
+        if outcome not in (LedgerOutcome.OK, LedgerOutcome.ERROR, LedgerOutcome.JOURNAL):
+            raise Refused(400, f"outcome must be {LedgerOutcome.OK}, {LedgerOutcome.ERROR} or "
+                               f"{LedgerOutcome.JOURNAL}")
         try:
             seq = int(request.match_info["seq"])
         except ValueError as e:
@@ -529,6 +552,7 @@ def application(authority: Authority, routes: Routes,
     app.router.add_delete("/v1/sessions/{session}", on(routes.delete_session))
     app.router.add_post("/v1/sessions/{session}/events", on(routes.append_event))
     app.router.add_get("/v1/ledger", on(routes.ledger))
+    app.router.add_get("/v1/journal", on(routes.journal))
     app.router.add_post("/v1/ledger", on(routes.open_call))
     app.router.add_post("/v1/ledger/{seq}/close", on(routes.close_call))
     app.router.add_post("/v1/memory/events", on(routes.add_memory))

@@ -49,6 +49,7 @@ class WriteAheadLedger(BasePlugin):
         *,
         root_run_uid: str = "",
         overrides: Mapping[str, str] | None = None,
+        journal: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         super().__init__(name="agentrun_ledger")
         self._failures = failures if failures is not None else []
@@ -56,6 +57,8 @@ class WriteAheadLedger(BasePlugin):
         # The lineage whose idempotency keys these calls get, and spec.tools' effects.
         self._root = root_run_uid
         self._overrides = dict(overrides or {})
+        # A resumed attempt: the calls of the session it continues, by call id.
+        self._journal = dict(journal or {})
         self._seq = itertools.count(1)
         self._open: dict[int, int] = {}  # id(tool_context) -> seq
 
@@ -75,6 +78,22 @@ class WriteAheadLedger(BasePlugin):
         call_id = tool_context.function_call_id
         effect = effects.effect_of(tool, self._overrides)
         key = effects.key_for(self._root, call_id) if self._root and call_id else None
+        recorded = self._journal.get(call_id or "")
+        if recorded is not None and recorded.get("finished"):
+            # It ran in the attempt we resume and its response never reached the session:
+            # answer it from the journal, do not run it again. Noted on the ledger as such.
+            try:
+                await self._client.open_call(seq, tool.name, call_id, args_digest(tool_args),
+                                             effect, key)
+                await self._client.close_call(seq, LedgerOutcome.JOURNAL,
+                                              recorded.get("result"))
+            except Exception as e:
+                failure = LedgerWriteFailed(tool.name, e)
+                self._failures.append(failure)
+                raise failure from e
+            logs.info("tool.from_journal", tool=tool.name, seq=seq, call_id=call_id)
+            result = recorded.get("result")
+            return dict(result) if isinstance(result, Mapping) else {"result": result}
         try:
             await self._client.open_call(seq, tool.name, call_id, args_digest(tool_args),
                                          effect, key)

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from google.genai import types
 
@@ -241,7 +242,7 @@ async def run_attempt(config: RunnerConfig) -> int:
 
 async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
     from google.adk.agents.llm_agent import LlmAgent
-    from google.adk.apps.app import App
+    from google.adk.apps.app import App, ResumabilityConfig
     from google.adk.errors.already_exists_error import AlreadyExistsError
     from google.adk.models.base_llm import BaseLlm
     from google.adk.models.registry import LLMRegistry
@@ -284,7 +285,7 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
         watch = CallWatch()
         override: BaseLlm | None = None
         if config.model == SCRIPTED_MODEL:
-            override = ScriptedLlm.from_env()
+            override = ScriptedLlm.from_env(resuming=bool(me.resume_invocation))
         elif config.model:
             override = LLMRegistry.new_llm(config.model)
         pending = [root_agent]
@@ -303,13 +304,19 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
 
     sessions = StoreSessionService(client)
     memory = StoreMemoryService(client)
+    journal = await client.journal() if me.resume_invocation else {}
     runner = Runner(
         app=App(
             name=config.agent,
             root_agent=root_agent,
             plugins=[WriteAheadLedger(client, watch.failures, root_run_uid=me.root_run_uid,
-                                      overrides=config.tool_effects),
+                                      overrides=config.tool_effects, journal=journal),
                      CompactionPlugin()],
+            # A resumed attempt continues the invocation it resumes: ADK replays its pending
+            # function calls (through the ledger: answered from the journal, or run again)
+            # and asks the model only for what comes after the recorded responses.
+            resumability_config=ResumabilityConfig(is_resumable=True)
+            if me.resume_invocation else None,
         ),
         session_service=sessions,
         memory_service=memory,
@@ -333,9 +340,14 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
                 pass
         else:
             logs.info("session.continued", session=me.session_id, events=len(session.events))
-        logs.info("agent.start", model=config.model or "agent-default")
+        logs.info("agent.start", model=config.model or "agent-default",
+                  resumes=me.resume_invocation or "-")
+        if me.resume_invocation:
+            _check_resumable(session, me.resume_invocation)
         async for event in runner.run_async(
-            user_id=me.user_id, session_id=me.session_id, new_message=new_message
+            user_id=me.user_id, session_id=me.session_id,
+            **({"invocation_id": me.resume_invocation, "new_message": None}
+               if me.resume_invocation else {"new_message": new_message})
         ):
             invocation_id = event.invocation_id
             calls = [c.name for c in event.get_function_calls()]
@@ -364,6 +376,23 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
     logs.info("agent.succeeded", answer=answer[:200])
     await _report(client, None)
     return RunnerExit.SUCCESS
+
+
+def _check_resumable(session: Any, invocation_id: str) -> None:
+    """ADK continues an invocation whose last event is a function call (the call is replayed)
+    or a function response (the model is asked for the next step). After anything else (an
+    error event, an end) it would silently do nothing and report an empty success."""
+    mine = [e for e in (session.events if session is not None else [])
+            if e.invocation_id == invocation_id]
+    last = mine[-1] if mine else None
+    if last is None or not (last.get_function_calls() or last.get_function_responses()):
+        raise ResumeImpossible(
+            f"the journal of invocation {invocation_id} does not end in a tool call or its "
+            "response, so it cannot be continued; a plain replay starts over instead")
+
+
+class ResumeImpossible(RuntimeError):
+    """The session's invocation cannot be continued where it stands."""
 
 
 async def _remember(

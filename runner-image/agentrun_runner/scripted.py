@@ -7,6 +7,9 @@ One entry is consumed per model call (a retried call consumes the next one):
   {"error": 429, "retry_delay": 1}        the same error a real Gemini 429 raises
   {"empty": true}                         an empty turn (no text, no call)
 A script that runs out answers with its last text.
+
+A resumed attempt continues its script: on its first call, the model skips the entries
+the request's history already answered (one per model turn of the current user turn).
 """
 
 from __future__ import annotations
@@ -51,6 +54,29 @@ def parse_script(raw: str | None) -> list[dict[str, Any]]:
     return script
 
 
+def model_turns(contents: list[types.Content]) -> int:
+    """The model's turns since the user last said something (function responses are not
+    the user speaking): what a resumed invocation's history already holds."""
+    turns = 0
+    for content in contents:
+        if content.role == "user" and any(p.text for p in content.parts or []):
+            turns = 0
+        elif content.role == "model":
+            turns += 1
+    return turns
+
+
+def resume_position(script: list[dict[str, Any]], turns: int) -> int:
+    """The script entry after `turns` answered ones (calls and texts; the sleeps, errors
+    and empty turns between them were played already too)."""
+    position = answered = 0
+    while position < len(script) and answered < turns:
+        if "call" in script[position] or "text" in script[position]:
+            answered += 1
+        position += 1
+    return position
+
+
 def rate_limit_error(retry_delay: float) -> errors.ClientError:
     """A 429 shaped like the Gemini API's (status RESOURCE_EXHAUSTED, RetryInfo detail)."""
     return errors.ClientError(
@@ -84,13 +110,17 @@ class ScriptedLlm(BaseLlm):
     model: str = SCRIPTED_MODEL
     script: list[dict[str, Any]]
     transcript: str | None = None
+    # Set when the attempt resumes a journal: the script goes on where the history ends.
+    resuming: bool = False
     _position: int = PrivateAttr(default=0)
+    _started: bool = PrivateAttr(default=False)
 
     @classmethod
-    def from_env(cls) -> ScriptedLlm:
+    def from_env(cls, *, resuming: bool = False) -> ScriptedLlm:
         return cls(
             script=parse_script(os.environ.get(ENV_SCRIPT)),
             transcript=os.environ.get(ENV_SCRIPT_TRANSCRIPT) or None,
+            resuming=resuming,
         )
 
     def _next(self) -> dict[str, Any] | None:
@@ -115,6 +145,9 @@ class ScriptedLlm(BaseLlm):
         self, llm_request: LlmRequest, stream: bool = False
     ) -> AsyncGenerator[LlmResponse, None]:
         self._record(llm_request)
+        if self.resuming and not self._started:
+            self._position = resume_position(self.script, model_turns(llm_request.contents))
+        self._started = True
         entry = self._next()
         while entry is not None and "sleep" in entry:
             await asyncio.sleep(float(entry["sleep"]))

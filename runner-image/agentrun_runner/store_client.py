@@ -64,6 +64,7 @@ class Identity:
     session_id: str
     input_digest: str | None
     root_run_uid: str = ""
+    resume_invocation: str | None = None  # the invocation this attempt continues
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,8 @@ class StoreClient:
                         run_uid=data["runUid"], attempt=int(data["attempt"]),
                         agent=data["agent"], user_id=data["userId"],
                         session_id=data["sessionId"], input_digest=data.get("inputDigest"),
-                        root_run_uid=data.get("rootRunUid") or data["runUid"])
+                        root_run_uid=data.get("rootRunUid") or data["runUid"],
+                        resume_invocation=data.get("resumeInvocation"))
 
     async def record_invocation(self, invocation_id: str) -> None:
         await self.request("POST", "/v1/attempt/invocation", {"invocationId": invocation_id})
@@ -162,6 +164,11 @@ class StoreClient:
     async def close_call(self, seq: int, outcome: str, result: Any = None) -> None:
         await self.request("POST", f"/v1/ledger/{seq}/close",
                            {"outcome": outcome, "result": result})
+
+    async def journal(self) -> dict[str, dict[str, Any]]:
+        """The calls of the session this attempt resumes, by call id."""
+        data = await self.request("GET", "/v1/journal")
+        return {c["callId"]: c for c in data.get("calls") or [] if c.get("callId")}
 
     async def record_side_effect(self, tool: str, args: Mapping[str, Any],
                                  idempotency_key: str | None = None) -> bool:

@@ -116,3 +116,23 @@ def test_the_scripted_429_reads_like_gemini() -> None:
 def test_a_script_that_runs_out_answers_with_its_last_text() -> None:
     model, _ = guarded([{"text": "first"}, {"text": "last"}])
     assert [text_of(call(model)) for _ in range(3)] == ["first", "last", "last"]
+
+
+def test_a_resumed_script_continues_after_the_turns_its_history_holds() -> None:
+    from agentrun_runner.scripted import model_turns, resume_position
+    from google.genai import types
+
+    script = [{"call": "read_message"}, {"sleep": 1}, {"call": "send_email"},
+              {"error": 429}, {"text": "done"}]
+    user = types.Content(role="user", parts=[types.Part(text="refund please")])
+    model = types.Content(role="model", parts=[types.Part(text="...")])
+    answer = types.Content(role="user", parts=[types.Part(function_response=(
+        types.FunctionResponse(name="read_message", response={})))])
+    assert model_turns([user]) == 0
+    assert model_turns([user, model, answer]) == 1
+    assert model_turns([user, model, answer, model, answer]) == 2
+    # An earlier chat turn does not count: the user spoke since.
+    assert model_turns([user, model, user, model, answer]) == 1
+    assert resume_position(script, 0) == 0
+    assert resume_position(script, 1) == 1  # the sleep before send_email is still to come
+    assert resume_position(script, 2) == 3  # the 429 after it is played again

@@ -1,0 +1,94 @@
+"""Resume (spec.retry.resume): a failed attempt is continued from its journal, never
+repeating what finished, and an Effectful call in doubt is not run again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrun import store
+from agentrun.vocabulary import Condition, Phase, Reason, ReplayReason
+from tests.harness import System, agent_run, in_namespace
+
+EMAIL = {"to": "customer-42@example.com", "body": "Refund on its way"}
+RESUME = {"maxAttempts": 2, "resume": True}
+
+
+def _ledger(system: System, uid: str) -> list[store.LedgerEntry]:
+    return system.store(lambda e: store.ledger(e, uid))
+
+
+def _wait_finished(system: System, uid: str, tool: str) -> None:
+    from agentrun_devtools.processes import wait_for
+
+    wait_for(lambda: any(e.tool == tool and e.finished_at is not None
+                         for e in _ledger(system, uid)), timeout=60,
+             what=f"{tool} finished on the ledger", interval=0.1)
+
+
+def _condition(run: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in run["status"]["conditions"] if c["type"] == type_)
+
+
+def test_evicted_while_thinking_after_send_email_resumes_without_repeating_it(
+    system: System, namespace: str
+) -> None:
+    script = [{"call": "read_message"}, {"call": "send_email", "args": EMAIL},
+              {"sleep": 8}, {"call": "update_crm", "args": {"customer": "42",
+                                                            "status": "refunded"}},
+              {"text": "Refunded and told the customer."}]
+    system.apply(in_namespace(agent_run("thinker", script, retry=RESUME), namespace))
+    run = system.wait_phase(namespace, "thinker", Phase.RUNNING)
+    _wait_finished(system, run["metadata"]["uid"], "send_email")
+    system.evict(namespace, "thinker-1")
+    run = system.wait_phase(namespace, "thinker", Phase.SUCCEEDED, Phase.FAILED, timeout=120)
+    status = run["status"]
+    assert status["phase"] == Phase.SUCCEEDED, status
+    assert (status["attempts"], status["resumedAttempts"]) == (2, [2])
+    assert status["toolsExecuted"] == ["read_message", "send_email", "update_crm"]
+    assert len(system.emails("thinker")) == 1
+    assert [r.tool for r in system.store(lambda e: store.outbox(e, "thinker"))].count(
+        "update_crm") == 1
+    assert _condition(run, Condition.RESUMABLE)["status"] == "True"
+
+
+def test_evicted_while_an_idempotent_call_is_in_doubt_runs_it_again_with_its_key(
+    system: System, namespace: str
+) -> None:
+    script = [{"call": "send_email", "args": {**EMAIL, "delay_seconds": 6}},
+              {"text": "Emailed."}]
+    system.apply(in_namespace(agent_run("doubtful", script, retry=RESUME), namespace))
+    run = system.wait_phase(namespace, "doubtful", Phase.RUNNING)
+    system.wait_ledger(run["metadata"]["uid"], "send_email")
+    system.evict(namespace, "doubtful-1")
+    run = system.wait_phase(namespace, "doubtful", Phase.SUCCEEDED, Phase.FAILED, timeout=120)
+    assert run["status"]["phase"] == Phase.SUCCEEDED, run["status"]
+    assert run["status"]["resumedAttempts"] == [2]
+    entries = [e for e in _ledger(system, run["metadata"]["uid"]) if e.tool == "send_email"]
+    assert [e.attempt for e in entries] == [1, 2]
+    assert entries[0].idempotency_key == entries[1].idempotency_key  # the same logical call
+    assert len(system.emails("doubtful")) == 1  # the world deduped it by that key
+
+
+def test_evicted_while_an_effectful_call_is_in_doubt_is_not_resumed(
+    system: System, namespace: str
+) -> None:
+    script = [{"call": "charge_card", "args": {"customer": "42", "amount": 10,
+                                               "delay_seconds": 30}},
+              {"text": "Charged."}]
+    system.apply(in_namespace(agent_run("charger", script, retry=RESUME), namespace))
+    run = system.wait_phase(namespace, "charger", Phase.RUNNING)
+    system.wait_ledger(run["metadata"]["uid"], "charge_card")
+    system.evict(namespace, "charger-1")
+    run = system.wait_run(namespace, "charger", lambda r: (r.get("status") or {}).get(
+        "phase") == Phase.FAILED and any(c["type"] == Condition.RESUMABLE
+                                         for c in r["status"].get("conditions") or []))
+    status = run["status"]
+    assert (status["reason"], status["attempts"]) == (Reason.EVICTED, 1)
+    resumable = _condition(run, Condition.RESUMABLE)
+    assert (resumable["status"], resumable["reason"]) == ("False",
+                                                          ReplayReason.TOOL_CALL_IN_DOUBT)
+    assert "called charge_card (call 1, at " in resumable["message"]
+    assert "charge_card is Effectful" in resumable["message"]
+    charges = [r for r in system.store(lambda e: store.outbox(e, "charger"))
+               if r.tool == "charge_card"]
+    assert len(charges) == 1
