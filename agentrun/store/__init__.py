@@ -123,7 +123,7 @@ from agentrun.store.runs import (
     settle_counting,
     start_attempt,
 )
-from agentrun.store.sessions import SessionClaim, claim_session, session_app
+from agentrun.store.sessions import SessionClaim, claim_session, fork_session, session_app
 
 __all__ = [
     "Attempt",
@@ -154,6 +154,7 @@ __all__ = [
     "claim_session",
     "close_call",
     "delete_input",
+    "fork_session",
     "get_attempt",
     "get_input",
     "get_outcome",

@@ -37,6 +37,7 @@ class ReplayApproval:
     replay_run_name: str
     tools_executed: list[str] | None
     decided_at: datetime
+    resume: bool = False
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ def _approval(row: Row[Any]) -> ReplayApproval:
         uid=row.uid, namespace=row.namespace, name=row.name, run_uid=row.run_uid,
         run_name=row.run_name, forced=row.forced, reason=row.reason, message=row.message,
         replay_run_name=row.replay_run_name, tools_executed=row.tools_executed,
-        decided_at=row.decided_at,
+        decided_at=row.decided_at, resume=bool(row.resume),
     )
 
 
@@ -75,6 +76,7 @@ async def approve_replay(
     message: str,
     replay_run_name: str,
     tools_executed: Sequence[str] | None,
+    resume: bool = False,
 ) -> Claim:
     """Records the approval of replay `uid` of run `run_uid`, atomically.
 
@@ -88,7 +90,7 @@ async def approve_replay(
         forced=forced, unforced_run_uid=None if forced else run_uid, reason=reason,
         message=message, replay_run_name=replay_run_name,
         tools_executed=None if tools_executed is None else list(tools_executed),
-        decided_at=datetime.now(UTC),
+        decided_at=datetime.now(UTC), resume=resume,
     )
     async with engine.begin() as conn:
         # No conflict target: either constraint (this replay's uid, or the run's slot)

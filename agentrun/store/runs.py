@@ -70,6 +70,7 @@ class Attempt:
     pod_name: str | None
     pod_uid: str | None
     resumes_attempt: int | None
+    resumes_run_uid: str | None
     app_name: str | None
     user_id: str | None
     session_id: str | None
@@ -110,7 +111,8 @@ def _outcome(row: Row[Any]) -> Outcome | None:
 def _attempt(row: Row[Any]) -> Attempt:
     return Attempt(
         run_uid=row.run_uid, attempt=row.attempt, pod_name=row.pod_name,
-        pod_uid=row.pod_uid, resumes_attempt=row.resumes_attempt, app_name=row.app_name,
+        pod_uid=row.pod_uid, resumes_attempt=row.resumes_attempt,
+        resumes_run_uid=row.resumes_run_uid, app_name=row.app_name,
         user_id=row.user_id, session_id=row.session_id,
         invocation_id=row.invocation_id, status=row.status, reason=row.reason,
         message=row.message, tools_executed=row.tools_executed, outcome=_outcome(row),
@@ -153,7 +155,7 @@ async def record_run(
 
 async def start_attempt(
     engine: AsyncEngine, uid: str, attempt: int, session_id: str, pod_name: str,
-    resumes_attempt: int | None = None,
+    resumes_attempt: int | None = None, resumes_run_uid: str | None = None,
 ) -> None:
     """Writes attempt `attempt` down before its pod is created, and marks the run running.
 
@@ -175,6 +177,7 @@ async def start_attempt(
                 app_name=session_app(run.namespace, run.agent),
                 user_id=run.user_id, session_id=session_id, status=RunStatus.PENDING,
                 started_at=now, resumes_attempt=resumes_attempt,
+                resumes_run_uid=resumes_run_uid,
             )
             .on_conflict_do_nothing()
         )
@@ -342,10 +345,12 @@ async def settle_counting(
                 tools = await tools_on(conn, uid, attempt)
                 # A resumed attempt's calls come after those of the attempt it resumed:
                 # the run's toolsExecuted is every call that really ran, across them.
-                resumed = (await conn.execute(
-                    select(attempts.c.resumes_attempt).where(*_attempt_key(uid, attempt))
-                )).scalar_one_or_none()
-                if resumed is not None:
+                resumed, elsewhere = (await conn.execute(
+                    select(attempts.c.resumes_attempt, attempts.c.resumes_run_uid)
+                    .where(*_attempt_key(uid, attempt))
+                )).one()
+                # (A replay run resuming its original's fork counts only its own calls.)
+                if resumed is not None and elsewhere is None:
                     before = (await conn.execute(
                         select(attempts.c.tools_executed).where(*_attempt_key(uid, resumed))
                     )).scalar_one_or_none()
@@ -455,6 +460,7 @@ class AttemptIdentity:
     session_id: str | None
     status: str
     resumes_attempt: int | None = None
+    resumes_run_uid: str | None = None
 
 
 async def attempt_identity(engine: AsyncEngine, uid: str, attempt: int) -> AttemptIdentity | None:
@@ -462,7 +468,8 @@ async def attempt_identity(engine: AsyncEngine, uid: str, attempt: int) -> Attem
         row = (await conn.execute(
             select(runs.c.namespace, runs.c.name, runs.c.agent, runs.c.user_id,
                    runs.c.input_digest, attempts.c.pod_name, attempts.c.app_name,
-                   attempts.c.session_id, attempts.c.status, attempts.c.resumes_attempt)
+                   attempts.c.session_id, attempts.c.status, attempts.c.resumes_attempt,
+                   attempts.c.resumes_run_uid)
             .join(attempts, attempts.c.run_uid == runs.c.uid)
             .where(*_attempt_key(uid, attempt))
         )).one_or_none()
@@ -471,4 +478,5 @@ async def attempt_identity(engine: AsyncEngine, uid: str, attempt: int) -> Attem
     return AttemptIdentity(
         namespace=row.namespace, run_name=row.name, agent=row.agent, user_id=row.user_id,
         input_digest=row.input_digest, pod_name=row.pod_name, app_name=row.app_name,
-        session_id=row.session_id, status=row.status, resumes_attempt=row.resumes_attempt)
+        session_id=row.session_id, status=row.status, resumes_attempt=row.resumes_attempt,
+        resumes_run_uid=row.resumes_run_uid)

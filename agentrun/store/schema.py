@@ -99,8 +99,10 @@ attempts = Table(
     Column("pod_name", String(253)),
     # Set once the pod was created (None: not created yet, as far as the store knows).
     Column("pod_uid", String(64)),
-    # The earlier attempt whose session (and invocation) this one resumes, if it does.
+    # The earlier attempt whose session (and invocation) this one resumes, if it does: of
+    # this run, or of `resumes_run_uid` (a replay run resuming a fork of its original).
     Column("resumes_attempt", Integer),
+    Column("resumes_run_uid", String(64)),
     # The ADK session this attempt used, and the invocation of its turn: only events of
     # that invocation belong to this attempt (a chat session holds earlier turns).
     Column("app_name", String(253)),
@@ -211,6 +213,8 @@ replays = Table(
     Column("run_uid", String(64), nullable=False),
     Column("run_name", String(253), nullable=False),
     Column("forced", Boolean, nullable=False),
+    # A resume (spec.resume): the replay run continues a fork of the original's session.
+    Column("resume", Boolean, nullable=False, default=False),
     Column("unforced_run_uid", String(64), unique=True),
     Column("reason", String(64), nullable=False),
     Column("message", Text, nullable=False),

@@ -74,3 +74,36 @@ async def claim_session(
         await conn.execute(
             update(session_owners).where(*key).values(holder_run_uid=run_uid, updated_at=now))
     return SessionClaim(True)
+
+
+async def fork_session(engine: AsyncEngine, *, app_name: str, user_id: str, source: str,
+                       target: str) -> bool:
+    """Copies session `source` into a new session `target` (same app and user): its state
+    and its events, with their invocation ids, authors and times, so that the copy's last
+    invocation can be continued while the source stays exactly as it was. Events without
+    content that only mark an error or an end are left out: ADK would read an invocation
+    ending in one as finished. Returns False when `target` exists already (forked before)."""
+    from google.adk.errors.already_exists_error import AlreadyExistsError
+    from google.adk.sessions.database_session_service import DatabaseSessionService
+
+    sessions = DatabaseSessionService(db_engine=engine)
+    original = await sessions.get_session(app_name=app_name, user_id=user_id,
+                                          session_id=source)
+    if original is None:
+        raise LookupError(f"session {source} of {app_name} is gone; nothing to fork")
+    state = {k: v for k, v in original.state.items()
+             if not k.startswith(("app:", "user:", "temp:"))}
+    try:
+        copy = await sessions.create_session(app_name=app_name, user_id=user_id,
+                                             session_id=target, state=state)
+    except AlreadyExistsError:
+        return False
+    for event in original.events:
+        if event.content is None and (event.error_code or not event.get_function_calls()):
+            continue
+        clone = event.model_copy(deep=True)
+        if clone.actions and clone.actions.state_delta:
+            clone.actions.state_delta = {k: v for k, v in clone.actions.state_delta.items()
+                                         if not k.startswith(("app:", "user:"))}
+        await sessions.append_event(copy, clone)
+    return True

@@ -417,11 +417,30 @@ async def _start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int) -> 
     name = pod_name(meta["name"], attempt)
     session = session_id_for(run, attempt)
     resumes: int | None = None
+    resumes_run: str | None = None
     if attempt in (status.get("resumedAttempts") or []):
         # A resumed attempt continues the session of the attempt before it.
         earlier = await store.get_attempt(ctx.engine, meta["uid"], attempt - 1)
         if earlier is not None and earlier.session_id:
             session, resumes = earlier.session_id, attempt - 1
+    elif attempt == 1 and spec.get("replayOf"):
+        approval = await store.approval_of_replay_run(ctx.engine, meta["namespace"],
+                                                      meta["name"])
+        if approval is not None and approval.resume:
+            # A manual resume: continue a copy (fork) of the original's last attempt's
+            # session; the original's session, ledger and run stay as they are.
+            original = await store.get_run(ctx.engine, approval.run_uid)
+            last = await store.get_attempt(ctx.engine, approval.run_uid,
+                                           original.attempts if original else 1)
+            if last is None or not last.session_id or not last.app_name:
+                return await _finish(ctx, run, attempt, Outcome(
+                    Phase.FAILED, Reason.INPUT_UNAVAILABLE,
+                    f"The journal of {spec['replayOf']} is gone; nothing to resume. No pod "
+                    "was started."))
+            await store.fork_session(ctx.engine, app_name=last.app_name,
+                                     user_id=last.user_id or "", source=last.session_id,
+                                     target=session)
+            resumes, resumes_run = last.attempt, approval.run_uid
     claim = await store.claim_session(
         ctx.engine, namespace=meta["namespace"], session_id=session, agent=spec["agent"],
         user_id=spec.get("userId") or DEFAULT_USER_ID, run_uid=meta["uid"])
@@ -439,7 +458,8 @@ async def _start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int) -> 
     digest = recorded.input_digest if recorded is not None else None
     if not digest:
         return await _launch(ctx, run)
-    await store.start_attempt(ctx.engine, meta["uid"], attempt, session, name, resumes)
+    await store.start_attempt(ctx.engine, meta["uid"], attempt, session, name, resumes,
+                              resumes_run)
     account = spec.get("serviceAccountName")
     if not account and (meta["namespace"], ctx.config.runner_service_account) not in \
             ctx.service_accounts:

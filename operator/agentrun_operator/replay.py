@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -31,9 +31,16 @@ from agentrun.vocabulary import (
 )
 from agentrun_operator import events
 from agentrun_operator import status as st
-from agentrun_operator.decide import Decision, Original, decide, is_forced
+from agentrun_operator.decide import (
+    Decision,
+    Journal,
+    Original,
+    decide,
+    decide_resume,
+    is_forced,
+)
 from agentrun_operator.kube import api_message
-from agentrun_operator.reconcile import Context, now
+from agentrun_operator.reconcile import Context, journal_of, now
 
 log = logging.getLogger("agentrun.operator")
 
@@ -133,6 +140,20 @@ async def reconcile(ctx: Context, replay: Mapping[str, Any]) -> float | None:
     original = await ctx.kube.read_run(meta["namespace"], run_name)
     facts = await original_facts(ctx, original)
     new_name = replay_run_name(replay)
+    journal = None
+    if spec.get("resume") and original is not None and facts is not None:
+        last = int((original.get("status") or {}).get("attempts") or 1)
+        journal = await journal_of(ctx.engine, original["metadata"]["uid"], last)
+
+    def decide_now(already_replayed_by: str | None) -> Decision:
+        """The plain replay's table, or the resume's (spec.resume)."""
+        if journal is not None:
+            return decide_resume(run_name, facts, journal,
+                                 already_replayed_by=already_replayed_by, forced=forced)
+        if spec.get("resume"):  # no original to read a journal of
+            return decide_resume(run_name, facts, Journal(False),
+                                 already_replayed_by=already_replayed_by, forced=forced)
+        return decide(run_name, facts, already_replayed_by=already_replayed_by, forced=forced)
 
     recorded = await store.get_replay_approval(ctx.engine, meta["uid"])
     if recorded is not None:
@@ -140,11 +161,12 @@ async def reconcile(ctx: Context, replay: Mapping[str, Any]) -> float | None:
         decision = Decision(ReplayPhase.APPROVED, recorded.reason, recorded.message)
         tools = recorded.tools_executed
     else:
-        decision = decide(run_name, facts, already_replayed_by=None, forced=forced)
+        decision = decide_now(None)
         tools = None if facts is None or facts.tools_executed is None else list(
             facts.tools_executed)
         if decision.approved:
-            decision = await _claim(ctx, replay, original, facts, decision, new_name)
+            decision = await _claim(ctx, replay, original, facts, decision, new_name,
+                                    decide_now, resume=bool(spec.get("resume")))
 
     if decision.approved:
         if original is not None and facts is not None and facts.input_digest:
@@ -160,7 +182,7 @@ async def reconcile(ctx: Context, replay: Mapping[str, Any]) -> float | None:
         elif await ctx.kube.read_run(meta["namespace"], new_name) is None:
             # Approved before, but the original (or its snapshot's name) vanished before
             # its run was created: say so rather than create a run on nothing.
-            decision = decide(run_name, facts, already_replayed_by=None, forced=forced)
+            decision = decide_now(None)
     # Logged as decided before the status write, which a replica that decided the same
     # at the same moment may lose (Conflict): the decision itself went through the store.
     _log(replay, decision, new_name if decision.approved else None)
@@ -214,6 +236,7 @@ async def _run_not_created(
 async def _claim(
     ctx: Context, replay: Mapping[str, Any], original: Mapping[str, Any] | None,
     facts: Original | None, decision: Decision, new_name: str,
+    decide_now: Callable[[str | None], Decision], *, resume: bool,
 ) -> Decision:
     """Records the approval atomically. When another replay already holds the original's
     one non-forced approval, decides again knowing it: AlreadyReplayed, or Forced."""
@@ -225,14 +248,12 @@ async def _claim(
             ctx.engine, uid=meta["uid"], namespace=meta["namespace"], name=meta["name"],
             run_uid=original["metadata"]["uid"], run_name=original["metadata"]["name"],
             forced=d.forced, reason=d.reason, message=d.message, replay_run_name=new_name,
-            tools_executed=facts.tools_executed)
+            tools_executed=facts.tools_executed, resume=resume)
 
     claim = await record(decision)
     if claim.granted:
         return Decision(ReplayPhase.APPROVED, claim.approval.reason, claim.approval.message)
-    decision = decide(original["metadata"]["name"], facts,
-                      already_replayed_by=claim.approval.name,
-                      forced=is_forced(meta.get("annotations")))
+    decision = decide_now(claim.approval.name)
     if decision.approved:  # forced: not limited, but recorded
         claim = await record(decision)
         return Decision(ReplayPhase.APPROVED, claim.approval.reason, claim.approval.message)

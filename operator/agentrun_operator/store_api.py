@@ -95,6 +95,7 @@ class Caller:
     app_name: str  # the namespaced ADK app name (store.session_app)
     input_digest: str | None
     resumes_attempt: int | None = None
+    resumes_run_uid: str | None = None
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,8 @@ class Authority:
                       run_uid=run_uid, attempt=attempt, agent=found.agent,
                       user_id=found.user_id, session_id=found.session_id or "",
                       app_name=found.app_name or store.session_app(found.namespace, found.agent),
-                      input_digest=found.input_digest, resumes_attempt=found.resumes_attempt)
+                      input_digest=found.input_digest, resumes_attempt=found.resumes_attempt,
+                      resumes_run_uid=found.resumes_run_uid)
 
     async def _runner_of(self, bound: BoundPod) -> tuple[str, int, str]:
         hit = self._pods.get(bound.uid)
@@ -321,7 +323,8 @@ class Routes:
         """The invocation this attempt continues, when it resumes an earlier one."""
         if caller.resumes_attempt is None:
             return None
-        earlier = await store.get_attempt(self.engine, caller.run_uid, caller.resumes_attempt)
+        earlier = await store.get_attempt(self.engine, caller.resumes_run_uid or caller.run_uid,
+                                          caller.resumes_attempt)
         return earlier.invocation_id if earlier is not None else None
 
     async def journal(self, _: web.Request, caller: Caller) -> dict[str, Any]:
@@ -329,9 +332,17 @@ class Routes:
         those that finished."""
         if caller.resumes_attempt is None:
             return {"calls": []}
-        attempts = list(range(1, caller.attempt))
-        entries = await store.journal(self.engine, caller.run_uid, attempts, caller.app_name,
-                                      caller.user_id, caller.session_id) or []
+        if caller.resumes_run_uid:  # a fork of another run's session: that run's ledger
+            source = await store.get_attempt(self.engine, caller.resumes_run_uid,
+                                             caller.resumes_attempt)
+            entries = await store.journal(
+                self.engine, caller.resumes_run_uid, list(range(1, caller.resumes_attempt + 1)),
+                caller.app_name, caller.user_id,
+                source.session_id if source and source.session_id else caller.session_id) or []
+        else:
+            entries = await store.journal(self.engine, caller.run_uid,
+                                          list(range(1, caller.attempt)), caller.app_name,
+                                          caller.user_id, caller.session_id) or []
         return {"calls": [{"seq": e.seq, "attempt": e.attempt, "tool": e.tool,
                            "callId": e.call_id, "effect": e.effect,
                            "idempotencyKey": e.idempotency_key, "finished": e.finished,
