@@ -226,6 +226,10 @@ class LedgerOutcome:
 # Test hook of the sample agents only: the named tool kills its runner with os._exit right
 # after recording its side effect and before answering (a tool that acted, then crashed).
 ENV_TEST_CRASH_IN: Final = "AGENTRUN_TEST_CRASH_IN"
+# Test hook of the runner's ledger: right after the named tool's end is on the ledger, and
+# before ADK puts its response into the session, the runner dies (os._exit): a call that
+# finished, whose answer never reached the session.
+ENV_TEST_CRASH_AFTER_CLOSE: Final = "AGENTRUN_TEST_CRASH_AFTER_CLOSE"
 # The scripted model appends each request it receives (JSON, one per line) to this file.
 ENV_SCRIPT_TRANSCRIPT: Final = "AGENTRUN_SCRIPT_TRANSCRIPT"
 # Long-term memory entries expire after this many days (runner env, default 90).

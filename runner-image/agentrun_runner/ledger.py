@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ from google.adk.tools.base_tool import BaseTool
 
 from agentrun import effects
 from agentrun.store.ledger import args_digest
-from agentrun.vocabulary import LedgerOutcome
+from agentrun.vocabulary import ENV_TEST_CRASH_AFTER_CLOSE, LedgerOutcome
 from agentrun_runner import logs
 from agentrun_runner.store_client import StoreClient
 
@@ -119,6 +120,8 @@ class WriteAheadLedger(BasePlugin):
             # The result is journalled as JSON (what a resume answers the call with).
             await self._client.close_call(seq, outcome, json.loads(json.dumps(
                 result, default=str)))
+            if os.environ.get(ENV_TEST_CRASH_AFTER_CLOSE) == tool.name:
+                os._exit(137)  # test hook: finished on the ledger, never in the session
         except Exception as e:
             # The call itself is recorded; a missing finish only reads as "never answered".
             logs.warning("ledger.close_failed", tool=tool.name, seq=seq,

@@ -92,3 +92,28 @@ def test_evicted_while_an_effectful_call_is_in_doubt_is_not_resumed(
     charges = [r for r in system.store(lambda e: store.outbox(e, "charger"))
                if r.tool == "charge_card"]
     assert len(charges) == 1
+
+
+def test_a_call_that_finished_but_never_reached_the_session_is_answered_from_the_ledger(
+    system: System, namespace: str
+) -> None:
+    script = [{"call": "update_crm", "args": {"customer": "42", "status": "refunded"}},
+              {"text": "Updated."}]
+    # The runner dies right after update_crm's end is on the ledger, before ADK writes its
+    # response into the session (a runner test hook).
+    manifest = agent_run("half-told", script, retry=RESUME,
+                         env=[{"name": "AGENTRUN_TEST_CRASH_AFTER_CLOSE",
+                               "value": "update_crm"}])
+    system.apply(in_namespace(manifest, namespace))
+    run = system.wait_phase(namespace, "half-told", Phase.SUCCEEDED, Phase.FAILED,
+                            timeout=120)
+    status = run["status"]
+    assert status["phase"] == Phase.SUCCEEDED, status
+    assert (status["attempts"], status["resumedAttempts"]) == (2, [2])
+    entries = _ledger(system, run["metadata"]["uid"])
+    assert [(e.attempt, e.tool, e.outcome) for e in entries] == [
+        (1, "update_crm", "ok"), (2, "update_crm", "journal")]
+    crm = [r for r in system.store(lambda e: store.outbox(e, "half-told"))
+           if r.tool == "update_crm"]
+    assert len(crm) == 1  # answered from the ledger: it ran once
+    assert status["toolsExecuted"] == ["update_crm"]
