@@ -40,6 +40,7 @@ from agentrun.vocabulary import (
     REPLAY_PLURAL,
     RUN_PLURAL,
     VERSION,
+    LedgerOutcome,
     Phase,
     ReplayPhase,
 )
@@ -121,7 +122,7 @@ def api_message(e: ApiException) -> str:
 
 
 def replay(cluster: Cluster, run: str, *, force: bool, note: str | None, name: str | None,
-           timeout: float) -> int:
+           timeout: float, resume: bool = False) -> int:
     """Creates an AgentRunReplay of `run` (forced: with the annotation), waits for the
     operator's decision and prints it."""
     if cluster.get(RUN_PLURAL, run) is None:
@@ -137,7 +138,8 @@ def replay(cluster: Cluster, run: str, *, force: bool, note: str | None, name: s
             print(f"agentrunreplay/{name} annotated {ANNOTATION_FORCE_REPLAY}=true")
         replay_name = existing["metadata"]["name"]
     else:
-        created = cluster.create_replay(replay_manifest(name, run, force=force, note=note))
+        created = cluster.create_replay(replay_manifest(name, run, force=force, note=note,
+                                                        resume=resume))
         replay_name = created["metadata"]["name"]
         print(f"agentrunreplay/{replay_name} created" + (" (forced)" if force else ""))
     decided = wait_for_decision(cluster, replay_name, timeout, forced=force)
@@ -146,14 +148,18 @@ def replay(cluster: Cluster, run: str, *, force: bool, note: str | None, name: s
 
 
 def replay_manifest(name: str | None, run: str, *, force: bool = False,
-                    note: str | None = None) -> dict[str, Any]:
-    """An AgentRunReplay of `run` (no name: a generated one), forced with the annotation."""
-    metadata: dict[str, Any] = {"name": name} if name else {"generateName": f"{run}-replay-"}
+                    note: str | None = None, resume: bool = False) -> dict[str, Any]:
+    """An AgentRunReplay of `run` (no name: a generated one), forced with the annotation;
+    with `resume`, one that continues the run from its journal."""
+    kind = "resume" if resume else "replay"
+    metadata: dict[str, Any] = {"name": name} if name else {"generateName": f"{run}-{kind}-"}
     if force:
         metadata["annotations"] = {ANNOTATION_FORCE_REPLAY: "true"}
     spec: dict[str, Any] = {"runName": run}
     if note:
         spec["note"] = note
+    if resume:
+        spec["resume"] = True
     return {"apiVersion": API_VERSION, "kind": REPLAY_KIND, "metadata": metadata, "spec": spec}
 
 
@@ -235,15 +241,24 @@ def tools(cluster: Cluster, run: str, database_url: str) -> int:
     if not entries:
         print("  no tool call in the ledger")
         return OK
-    rows = [("ATTEMPT", "#", "TOOL", "CALLED AT", "FINISHED")]
+    rows = [("ATTEMPT", "#", "TOOL", "EFFECT", "KEY", "CALLED AT", "ENDED")]
     for e in entries:
-        finished = (f"{e.outcome or 'yes'} at {_stamp(e.finished_at)}" if e.finished_at
-                    else "no (called, never answered)")
-        rows.append((str(e.attempt), str(e.seq), e.tool, _stamp(e.started_at), finished))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        rows.append((str(e.attempt), str(e.seq), e.tool, e.effect or "-",
+                     (e.idempotency_key or "-")[:18], _stamp(e.started_at), _ended(e)))
+    widths = [max(len(r[i]) for r in rows) for i in range(6)]
     for r in rows:
-        print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[4])
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[6])
     return OK
+
+
+def _ended(entry: store.LedgerEntry) -> str:
+    """How a call ended: it ran (and how), it was answered from the journal (it ran in an
+    earlier attempt, and a resume did not run it again), or nobody knows (in doubt)."""
+    if entry.outcome == LedgerOutcome.JOURNAL:
+        return "answered from the journal (not run again)"
+    if entry.finished_at is None:
+        return "no (called, never answered): in doubt"
+    return f"ran: {entry.outcome or 'ok'} at {_stamp(entry.finished_at)}"
 
 
 async def _ledger(url: str, uid: str) -> list[store.LedgerEntry]:
@@ -300,8 +315,18 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--name", help="the AgentRunReplay's name (default: generated); "
                    "with --force, an existing Refused replay of RUN is annotated")
     r.add_argument("--timeout", type=float, default=60, help="seconds to wait for a decision")
+    m = sub.add_parser("resume", parents=[common],
+                       help="ask to resume a failed AgentRun from its journal (tool calls that "
+                            "finished are not run again); prints the operator's decision")
+    m.add_argument("run", help="the AgentRun to resume")
+    m.add_argument("--force", action="store_true",
+                   help=f"set {ANNOTATION_FORCE_REPLAY}=true: in-doubt calls run again")
+    m.add_argument("--note", help="why (spec.note)")
+    m.add_argument("--name", help="the AgentRunReplay's name (default: generated)")
+    m.add_argument("--timeout", type=float, default=60, help="seconds to wait for a decision")
     t = sub.add_parser("tools", parents=[common],
-                       help="the tool-call ledger of each attempt of an AgentRun")
+                       help="the tool-call ledger of each attempt of an AgentRun: effect, "
+                            "key, how each call ended")
     t.add_argument("run")
     t.add_argument("--database-url", default=os.environ.get(ENV_DATABASE_URL, DEV_DATABASE_URL),
                    help=f"the run store (env {ENV_DATABASE_URL}; default: {DEV_DATABASE_URL})")
@@ -314,9 +339,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         cluster = Cluster(args.kubeconfig, args.context, args.namespace)
-        if args.command == "replay":
+        if args.command in ("replay", "resume"):
             return replay(cluster, args.run, force=args.force, note=args.note, name=args.name,
-                          timeout=args.timeout)
+                          timeout=args.timeout, resume=args.command == "resume")
         if args.command == "tools":
             return tools(cluster, args.run, args.database_url)
         return why(cluster, args.replay)

@@ -117,3 +117,34 @@ def test_a_call_that_finished_but_never_reached_the_session_is_answered_from_the
            if r.tool == "update_crm"]
     assert len(crm) == 1  # answered from the ledger: it ran once
     assert status["toolsExecuted"] == ["update_crm"]
+
+
+def test_kubectl_agentrun_tools_shows_effects_keys_and_how_calls_ended(
+    system: System, namespace: str
+) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = [{"call": "update_crm", "args": {"customer": "42", "status": "refunded"}},
+              {"text": "Updated."}]
+    manifest = agent_run("told-twice", script, retry=RESUME,
+                         env=[{"name": "AGENTRUN_TEST_CRASH_AFTER_CLOSE",
+                               "value": "update_crm"}])
+    system.apply(in_namespace(manifest, namespace))
+    system.wait_phase(namespace, "told-twice", Phase.SUCCEEDED, Phase.FAILED, timeout=120)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}"
+           f"{os.environ.get('PATH', '')}", "KUBECONFIG": str(system.plane.kubeconfig),
+           "DATABASE_URL": system.store_url}
+    shown = subprocess.run([str(system.plane.bin / "kubectl"), "agentrun", "tools",
+                            "told-twice", "-n", namespace], env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    lines = [ln.split() for ln in shown.stdout.splitlines()[1:]]
+    assert lines[0][:5] == ["ATTEMPT", "#", "TOOL", "EFFECT", "KEY"]
+    assert lines[1][:4] == ["1", "1", "update_crm", "Effectful"]
+    assert lines[2][:4] == ["2", "1", "update_crm", "Effectful"]
+    assert lines[1][4] == lines[2][4] and lines[1][4].startswith("agentrun-")
+    assert "ran: ok at" in shown.stdout
+    assert "answered from the journal (not run again)" in shown.stdout
