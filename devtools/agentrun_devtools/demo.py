@@ -5,14 +5,17 @@
 Starts the development cluster if it is not up (control plane + development node, state in
 --state), installs the CRDs and admission policies (`make install`), starts the operator in
 the background (log: <state>/operator.log, pid: <state>/operator.pid; embedded SQLite store
-<state>/agentrun.db), then tells two stories in namespace `demo`:
+<state>/agentrun.db), then tells three stories in namespace `demo`:
 
 1. a support agent sends an email and its pod is evicted while the email tool has not
    answered yet: Failed, toolsExecuted [send_email]; a replay is refused and says why; a
    user without the right to force is denied by the API server; an admin forces; the
    replay runs, and the customer gets a second email (the outbox shows both);
 2. a run is evicted while its model still thinks, before any tool: its replay is approved
-   at once.
+   at once;
+3. resume (retry.resume): a run evicted after send_email answered resumes by itself and
+   finishes with exactly one email; one evicted while charge_card (Effectful) is in doubt is
+   not resumed, and says why (ToolCallInDoubt, the model sentence).
 
 It leaves everything running and prints the commands to look around; `make
 dev-cluster-down` (cluster.py `down --state`) stops the operator and the cluster.
@@ -279,6 +282,55 @@ class Demo:
         self.kubectl("get", "agentruns", "-n", NAMESPACE, "-l",
                      "agentrun.dev/replay-of=lookup-7")
 
+    def story_resume(self) -> None:
+        heading("6. With retry.resume, a run evicted after send_email answered resumes by itself")
+        say("The model thinks for 20 s after send_email answered; the pod is evicted then. "
+            "send_email is Idempotent, update_crm Effectful (the sample agent declares them).")
+        script: list[dict[str, Any]] = [
+            {"call": "send_email", "args": {"to": CUSTOMER, "body": "Refund approved."}},
+            {"sleep": 20},
+            {"call": "update_crm", "args": {"customer": "43", "status": "refunded"}},
+            {"text": "Refunded customer 43 and told them."}]
+        resume = {"retry": {"maxAttempts": 2, "resume": True}}
+        self.kubectl("apply", "-n", NAMESPACE, "-f", "-",
+                     input=json.dumps(run_manifest("refund-43", script, **resume), indent=1))
+        run = self.wait_status("agentrun", "refund-43", (Phase.RUNNING,))
+        uid = run["metadata"]["uid"]
+        self.wait("send_email answered", lambda: any(
+            e.tool == "send_email" and e.finished_at is not None
+            for e in self.query(lambda en: store.ledger(en, uid))))
+        self.evict("refund-43-1")
+        say("Attempt 2 continues the session from its journal: the model is asked only for "
+            "what comes after send_email's answer (about 20 s)...")
+        self.wait_status("agentrun", "refund-43", (Phase.SUCCEEDED, Phase.FAILED), timeout=180)
+        self.kubectl("get", "agentrun", "refund-43", "-n", NAMESPACE, "-o", "wide")
+        self.kubectl("get", "agentrun", "refund-43", "-n", NAMESPACE, "-o",
+                     "jsonpath={.status.resumedAttempts} {.status.toolsExecuted}")
+        self.kubectl("agentrun", "tools", "refund-43", "-n", NAMESPACE)
+        say(f"Emails sent by refund-43: {len(self.emails('refund-43'))}")
+
+        heading("7. Evicted while charge_card (Effectful) is in doubt: not resumed")
+        script = [{"call": "charge_card", "args": {"customer": "44", "amount": 42,
+                                                   "delay_seconds": 30}},
+                  {"text": "Charged."}]
+        self.kubectl("apply", "-n", NAMESPACE, "-f", "-",
+                     input=json.dumps(run_manifest("charge-44", script, **resume), indent=1))
+        run = self.wait_status("agentrun", "charge-44", (Phase.RUNNING,))
+        uid = run["metadata"]["uid"]
+        self.wait("charge_card in the ledger", lambda: any(
+            e.tool == "charge_card" for e in self.query(lambda en: store.ledger(en, uid))))
+        self.evict("charge-44-1")
+
+        def refused() -> bool:
+            found = self.get("agentrun", "charge-44")
+            return any(c.get("type") == "Resumable" for c in
+                       (found.get("status") or {}).get("conditions") or [])
+
+        self.wait("the resume decision", refused)
+        self.kubectl("get", "agentrun", "charge-44", "-n", NAMESPACE, "-o", "wide")
+        self.kubectl("get", "agentrun", "charge-44", "-n", NAMESPACE, "-o",
+                     "jsonpath={.status.conditions[?(@.type==\"Resumable\")].message}")
+
     def evict(self, pod: str) -> None:
         body = json.dumps({"apiVersion": "policy/v1", "kind": "Eviction",
                            "metadata": {"name": pod, "namespace": NAMESPACE}})
@@ -309,11 +361,11 @@ class Demo:
             say(f"  {line}")
 
 
-def run_manifest(name: str, script: list[dict[str, Any]]) -> dict[str, Any]:
+def run_manifest(name: str, script: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
     return {"apiVersion": API_VERSION, "kind": RUN_KIND, "metadata": {"name": name},
             "spec": {"agent": "support-agent", "userId": "customer-42", "model": SCRIPTED_MODEL,
                      "input": {"text": "Customer 42 asks for a refund of order 42."},
-                     "env": [{"name": ENV_SCRIPT, "value": json.dumps(script)}]}}
+                     "env": [{"name": ENV_SCRIPT, "value": json.dumps(script)}], **spec}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -328,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         demo.setup()
         demo.story_email()
         demo.story_no_tool()
+        demo.story_resume()
     except (RuntimeError, TimeoutError) as e:
         say(f"\ndemo failed: {e}")
         say(f"operator log: {demo.state / 'operator.log'}")

@@ -49,6 +49,14 @@ def test_demo_tells_the_story_and_leaves_the_cluster_up(tmp_path: Path) -> None:
         # 5. evicted before any tool: approved at once
         assert "lookup-7   support-agent   Failed   Evicted   []" in out
         assert "lookup-7-again   lookup-7   Approved   NoToolsExecuted" in out
+        # 6. resumed by itself after send_email answered: one email
+        assert "Emails sent by refund-43: 1" in out
+        assert "[2] [\"send_email\",\"update_crm\"]" in out
+        # 7. charge_card in doubt: not resumed, with the model sentence
+        assert "AgentRun charge-44 called charge_card (call 1, at " in out
+        assert ("it may or may not have happened, and charge_card is Effectful. Check "
+                "whether it happened; annotate agentrun.dev/force-replay=true to resume and "
+                "call it again.") in out
         # the way to look around, and the cluster still up
         assert f"export KUBECONFIG={state / 'kubeconfig'}" in out
         assert "kubectl agentrun why lookup-7-again -n demo" in out
