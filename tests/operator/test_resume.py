@@ -3,14 +3,37 @@ repeating what finished, and an Effectful call in doubt is not run again."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+import pytest
+from agentrun_devtools.controlplane import ControlPlane
 
 from agentrun import store
 from agentrun.vocabulary import Condition, Phase, Reason, ReplayReason
-from tests.harness import System, agent_run, in_namespace
+from tests.harness import Operator, System, agent_run, in_namespace
 
 EMAIL = {"to": "customer-42@example.com", "body": "Refund on its way"}
 RESUME = {"maxAttempts": 2, "resume": True}
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[System, str]]:
+    """The session's operator on Postgres, or one of its own on the embedded SQLite store
+    (the development cluster's default)."""
+    if request.param == "postgres":
+        yield request.getfixturevalue("system"), request.getfixturevalue("namespace")
+        return
+    plane: ControlPlane = request.getfixturevalue("crds")
+    request.getfixturevalue("dev_node")
+    namespace: str = request.getfixturevalue("solo_namespace")
+    url = f"sqlite:///{tmp_path / 'agentrun.db'}"
+    operator = Operator(plane, url, tmp_path / "op", (f"--namespace={namespace}",)).start()
+    try:
+        yield System(plane, url, operator), namespace
+    finally:
+        operator.stop()
 
 
 def _ledger(system: System, uid: str) -> list[store.LedgerEntry]:
@@ -30,8 +53,9 @@ def _condition(run: dict[str, Any], type_: str) -> dict[str, Any]:
 
 
 def test_evicted_while_thinking_after_send_email_resumes_without_repeating_it(
-    system: System, namespace: str
+    where: tuple[System, str]
 ) -> None:
+    system, namespace = where
     script = [{"call": "read_message"}, {"call": "send_email", "args": EMAIL},
               {"sleep": 8}, {"call": "update_crm", "args": {"customer": "42",
                                                             "status": "refunded"}},
@@ -52,8 +76,9 @@ def test_evicted_while_thinking_after_send_email_resumes_without_repeating_it(
 
 
 def test_evicted_while_an_idempotent_call_is_in_doubt_runs_it_again_with_its_key(
-    system: System, namespace: str
+    where: tuple[System, str]
 ) -> None:
+    system, namespace = where
     script = [{"call": "send_email", "args": {**EMAIL, "delay_seconds": 6}},
               {"text": "Emailed."}]
     system.apply(in_namespace(agent_run("doubtful", script, retry=RESUME), namespace))
@@ -70,8 +95,9 @@ def test_evicted_while_an_idempotent_call_is_in_doubt_runs_it_again_with_its_key
 
 
 def test_evicted_while_an_effectful_call_is_in_doubt_is_not_resumed(
-    system: System, namespace: str
+    where: tuple[System, str]
 ) -> None:
+    system, namespace = where
     script = [{"call": "charge_card", "args": {"customer": "42", "amount": 10,
                                                "delay_seconds": 30}},
               {"text": "Charged."}]
