@@ -138,3 +138,39 @@ def test_an_effectful_call_in_doubt_is_refused_and_only_a_forcer_forces_it(
     charges = [r for r in system.store(lambda e: store.outbox(e))
                if r.tool == "charge_card" and r.run_name in ("charged", run_name)]
     assert len(charges) == 2  # forced: the in-doubt charge ran again
+
+
+def test_nothing_to_resume_and_a_purged_journal_are_refused(
+    system: System, people: str
+) -> None:
+    ns = people
+    system.apply(in_namespace(agent_run("finished", [{"call": "read_message"},
+                                                     {"text": "Done."}]), ns))
+    done = system.wait_phase(ns, "finished", Phase.SUCCEEDED, Phase.FAILED)
+    assert done["status"]["phase"] == Phase.SUCCEEDED
+    resume(system, ns, "finished-resume", "finished", as_user=ALICE)
+    status = wait_decided(system, ns, "finished-resume")["status"]
+    assert (status["phase"], status["reason"]) == (ReplayPhase.REFUSED,
+                                                   ReplayReason.ORIGINAL_SUCCEEDED)
+    assert "nothing left to resume" in status["message"]
+
+    original = evicted(system, ns, "forgotten", [
+        {"call": "send_email", "args": {"to": "c42@example.com", "body": "Refund"}},
+        {"sleep": 30}, {"text": "Done."}],
+        lambda uid: system.wait_ledger(uid, "send_email"))
+    app, session = store.session_app(ns, "support-agent"), original["status"]["sessionId"]
+
+    async def purge(e: AsyncEngine) -> None:  # as retention does once events are old
+        async with e.begin() as conn:
+            await conn.execute(text("DELETE FROM events WHERE app_name = :a AND "
+                                    "session_id = :s"), {"a": app, "s": session})
+
+    system.store(purge)
+    resume(system, ns, "forgotten-resume", "forgotten", as_user=BOB)
+    system.kubectl("annotate", "-n", ns, "agentrunreplay/forgotten-resume",
+                   f"{ANNOTATION_FORCE_REPLAY}=true", as_user=BOB)
+    status = wait_decided(system, ns, "forgotten-resume")["status"]
+    # Not forcible: there is nothing to continue from; a plain replay starts over.
+    assert (status["phase"], status["reason"]) == (ReplayPhase.REFUSED,
+                                                   ReplayReason.JOURNAL_UNAVAILABLE)
+    assert "a plain replay starts over instead" in status["message"]
