@@ -120,7 +120,7 @@ def test_defaults_are_filled_in(crds: Kubectl, namespace: str) -> None:
     spec = stored(crds, namespace, "agentrun/triage-42")["spec"]
     assert spec["trigger"] == "manual"
     assert spec["userId"] == "default"
-    assert spec["retry"] == {"maxAttempts": 1}
+    assert spec["retry"] == {"maxAttempts": 1, "resume": False}
 
 
 def test_run_status_is_stored_whole(crds: Kubectl, namespace: str) -> None:
@@ -190,7 +190,7 @@ def test_replay_status_is_stored_whole(crds: Kubectl, namespace: str) -> None:
     _set_status(crds, namespace, "agentrunreplay/triage-42-again", status)
     replay = stored(crds, namespace, "agentrunreplay/triage-42-again")
     assert replay["status"] == status
-    assert replay["spec"] == {"runName": "triage-42"}
+    assert replay["spec"] == {"runName": "triage-42", "resume": False}
 
 
 def test_status_cannot_be_written_through_the_main_resource(crds: Kubectl, namespace: str) -> None:

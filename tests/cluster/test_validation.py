@@ -287,7 +287,7 @@ CASES = [
         "tool named twice",
         run_manifest("r", tools=[{"name": "send_email", "effect": "Idempotent"},
                                  {"name": "send_email", "effect": "Effectful"}]),
-        "spec.tools[1]: Duplicate value",
+        '.spec.tools: duplicate entries for key [name="send_email"]',
     ),
     Case(
         "tool without effect",
@@ -302,8 +302,7 @@ CASES = [
     Case(
         "retry resume not a boolean",
         run_manifest("r", retry={"maxAttempts": 2, "resume": "yes"}),
-        'spec.retry.resume: Invalid value: "string": spec.retry.resume in body must be of '
-        "type boolean",
+        ".spec.retry.resume: expected boolean, got &{yes}",
     ),
 ]
 
