@@ -273,12 +273,10 @@ async def _launch(ctx: Context, run: Mapping[str, Any]) -> float | None:
         if digest is None:
             return await _refuse(ctx, run, 1, Reason.INPUT_UNAVAILABLE, _replay_gone(spec))
         await _record_run(ctx, run, digest)
-    await _write(ctx, run, st.live_status(
-        Phase.PENDING, Reason.CREATED, "The input was snapshotted and the run recorded.",
-        now(), run.get("status") or {}, inputDigest=digest, attempts=current_attempt(
-            run.get("status") or {}), observedGeneration=meta.get("generation")))
     events.post(run, Reason.CREATED, f"Input snapshotted as {digest}; run recorded.")
-    return 0
+    # Straight on to the first pod: its status write says both (one write, not two).
+    return await _start_attempt(ctx, run, current_attempt(run.get("status") or {}), launching={
+        "inputDigest": digest, "observedGeneration": meta.get("generation")})
 
 
 async def _record_run(ctx: Context, run: Mapping[str, Any], digest: str | None) -> None:
@@ -411,8 +409,11 @@ async def _no_pod(ctx: Context, run: Mapping[str, Any], attempt: int, key: Key) 
     return await _finish(ctx, run, attempt, outcome)
 
 
-async def _start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int) -> float | None:
-    """Writes attempt `attempt` down, then creates its pod."""
+async def _start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int,
+                         launching: Mapping[str, Any] | None = None) -> float | None:
+    """Writes attempt `attempt` down, then creates its pod. `launching`: the status fields
+    of a run being launched (written with the pod's, in the same status write)."""
+    launching = dict(launching or {})
     meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
     name = pod_name(meta["name"], attempt)
     session = session_id_for(run, attempt)
@@ -470,7 +471,7 @@ async def _start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int) -> 
         created = await ctx.kube.create_pod(runner_pod(run, attempt, session, digest,
                                                        ctx.config))
     except ApiException as e:
-        return await _create_refused(ctx, run, attempt, name, e)
+        return await _create_refused(ctx, run, attempt, name, e, launching)
     if created is None:
         existing = await ctx.kube.read_pod(meta["namespace"], name)
         if existing is None or not owns(run, existing):
@@ -480,17 +481,19 @@ async def _start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int) -> 
     ctx.expected[(meta["namespace"], name)] = time.monotonic()
     ctx.queue.forget(("run", meta["namespace"], meta["name"]))
     if (status.get("podName"), status.get("sessionId")) != (name, session) or \
-            status.get("reason") == Reason.POD_CREATE_FAILED:
+            status.get("reason") == Reason.POD_CREATE_FAILED or launching:
         await _write(ctx, run, st.live_status(
             Phase.PENDING, Reason.POD_CREATED, f"Created runner pod {name} (attempt "
-            f"{attempt}).", now(), status, podName=name, sessionId=session, attempts=attempt))
+            f"{attempt}).", now(), status, podName=name, sessionId=session, attempts=attempt,
+            **launching))
     _log(run, "pod-created", attempt=attempt, pod=name)
     events.post(run, Reason.POD_CREATED, f"Created runner pod {name} (attempt {attempt}).")
     return 0
 
 
 async def _create_refused(ctx: Context, run: Mapping[str, Any], attempt: int, name: str,
-                          e: ApiException) -> float | None:
+                          e: ApiException,
+                          launching: Mapping[str, Any] | None = None) -> float | None:
     """The API server refused the runner pod. Invalid (422/400): it never will, the run
     fails at once. Anything else (a quota, a webhook, forbidden, the server itself): the
     run stays Pending, says why, and the create is tried again with backoff. No attempt
@@ -504,9 +507,11 @@ async def _create_refused(ctx: Context, run: Mapping[str, Any], attempt: int, na
             "the run's spec and create it again."))
     message = (f"Runner pod {name} could not be created ({e.status} {e.reason}): {said}. "
                "Retrying with backoff; no attempt is used up.")
-    if (status.get("reason"), status.get("message")) != (Reason.POD_CREATE_FAILED, message):
+    if (status.get("reason"), status.get("message")) != (Reason.POD_CREATE_FAILED, message) \
+            or launching:
         await _write(ctx, run, st.live_status(Phase.PENDING, Reason.POD_CREATE_FAILED,
-                                              message, now(), status))
+                                              message, now(), status, attempts=attempt,
+                                              **(launching or {})))
         events.post(run, Reason.POD_CREATE_FAILED, message, warning=True)
     return ctx.queue.failed(("run", meta["namespace"], meta["name"]))
 
