@@ -158,11 +158,13 @@ class DirectLedgerStore:
     async def record_invocation(self, invocation_id: str) -> None:
         await store.record_invocation(self.engine, self.uid, self.attempt, invocation_id)
 
-    async def open_call(self, seq: int, tool: str, call_id: str | None, digest: str) -> None:
-        await store.open_call(self.engine, self.uid, self.attempt, seq, tool, call_id, digest)
+    async def open_call(self, seq: int, tool: str, call_id: str | None, digest: str,
+                        effect: str | None = None, key: str | None = None) -> None:
+        await store.open_call(self.engine, self.uid, self.attempt, seq, tool, call_id, digest,
+                              effect, key)
 
-    async def close_call(self, seq: int, outcome: str) -> None:
-        await store.close_call(self.engine, self.uid, self.attempt, seq, outcome)
+    async def close_call(self, seq: int, outcome: str, result: Any = None) -> None:
+        await store.close_call(self.engine, self.uid, self.attempt, seq, outcome, result)
 
 
 def server_timing(client: StoreClient) -> list[float]:
