@@ -103,7 +103,19 @@ docker-build: ## build the operator and runner images (needs a Docker engine)
 test-e2e: ## kind-based end-to-end test (skips where Docker is absent)
 	@bash devtools/e2e-kind.sh
 
+# BENCH_QUICK=1: a quick pass at small sizes (the figures are not the goals' sizes).
+BENCH_TRIALS := $(or $(TRIALS),$(if $(BENCH_QUICK),10,30))
+BENCH_BACKGROUND ?= $(if $(BENCH_QUICK),200,2000)
+BENCH_N ?= $(if $(BENCH_QUICK),200,2000)
+BENCH_LEVELS ?= $(if $(BENCH_QUICK),200$(comma)500,1000$(comma)2500$(comma)5000)
+comma := ,
+# A quick pass prints its figures and leaves bench/results/ alone.
+BENCH_OUT := $(if $(BENCH_QUICK),--out -)
+
 .PHONY: bench
-bench: venv controlplane ## benchmarks: the ledger's cost per tool call; eviction latency beside the Job controller
+bench: venv controlplane ## benchmarks: ledger cost; eviction latency idle and under load, throughput beside the Job controller; the operator at rest at scale
 	$(PY) bench/ledger.py
-	$(PY) bench/eviction.py --trials $(or $(TRIALS),30)
+	$(PY) bench/eviction.py --trials $(BENCH_TRIALS) $(BENCH_OUT)
+	$(PY) bench/eviction.py --trials $(BENCH_TRIALS) --background $(BENCH_BACKGROUND) $(BENCH_OUT)
+	$(PY) bench/throughput.py --n $(BENCH_N) $(BENCH_OUT)
+	$(PY) bench/scale.py --levels $(BENCH_LEVELS) $(BENCH_OUT)

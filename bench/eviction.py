@@ -1,12 +1,14 @@
 """Eviction-to-Failed latency: agentrun beside the Kubernetes Job controller, in one run.
 
-    .venv/bin/python bench/eviction.py [--trials 30]
+    .venv/bin/python bench/eviction.py [--trials 30] [--background N] [--check-interval S]
+                                       [--out PATH]
 
 Starts the real control plane (kube-controller-manager runs the Job controller), the
 development node, a throwaway Postgres store and the operator. Then, alternating:
 
 - agentrun: an AgentRun whose send_email recorded its email and is still waiting; the
-  Eviction API is called on its runner pod; we time from the eviction call returning to
+  Eviction API is called on its runner pod (from this process, with the Python client);
+  we time from the eviction call returning to
   the AgentRun status showing phase Failed with toolsExecuted set;
 - the anchor: a Job (backoffLimit 0, a podFailurePolicy that fails the Job on
   DisruptionTarget) whose pod runs `sleep`; the same eviction; we time until the Job
@@ -14,17 +16,33 @@ development node, a throwaway Postgres store and the operator. Then, alternating
 
 Both are timed by a watch opened before the eviction (no polling delay). The figures
 are p50/p95/p99 and the ratio agentrun/Job at each: below 1 means agentrun knew sooner.
+
+Under load (`--background N`): before the trials, N live runs are created in namespace
+bench-background, each asking for more CPU (resources.requests.cpu "100") than the
+development node has (64), so their pods stay Pending (Unschedulable); we wait until
+every one says so and the operator has gone quiet, then run the trials as above. The
+operator runs with its default flags unless `--check-interval` is given (its resync, a
+safety net under the watches, re-queues every live run each interval). Reported beside
+the figures: the CPU of the operator, the development node and the control plane over
+the trials, the operator's uptime at each trial (to place its resyncs), and how many
+background runs and pods changed during the trials.
+
+The output goes to stdout and to `--out` (default bench/results/eviction-<date>.txt, or
+eviction-background<N>-<date>.txt; `--out -` for stdout only).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import statistics
 import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,7 +64,24 @@ from agentrun import store  # noqa: E402
 from tests.cluster_fixtures import apply_crds  # noqa: E402
 from tests.harness import Operator, System, agent_run, email_then_wait  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scale import listed_runs, versions, wait_live, wait_quiet  # noqa: E402
+from throughput import (  # noqa: E402
+    CLK_TCK,
+    Report,
+    agentrun_maker,
+    api_client,
+    child_pid,
+    cpu_ticks,
+    create_many,
+    create_namespace,
+    default_out,
+    load,
+)
+
 NAMESPACE = "bench"
+BACKGROUND = "bench-background"
+_core: Any = None  # CoreV1Api of the admin, set in main()
 
 
 def _watch_until(list_fn: Callable[..., Any], name: str, done: Callable[[dict[str, Any]], bool],
@@ -66,13 +101,18 @@ def _watch_until(list_fn: Callable[..., Any], name: str, done: Callable[[dict[st
 
 def _timed_eviction(system: System, pod: str, list_fn: Callable[..., Any], name: str,
                     done: Callable[[dict[str, Any]], bool], **kw: Any) -> float:
-    ready, result = threading.Event(), {}
+    ready, result = threading.Event(), dict[str, float]()
     watcher = threading.Thread(target=_watch_until,
                                args=(list_fn, name, done, ready, result), kwargs=kw)
     watcher.start()
     ready.wait(10)
     time.sleep(0.2)  # the watch request is on its way
-    system.evict(NAMESPACE, pod)
+    # The Eviction API from this process (what `kubectl drain` calls), on a connection
+    # already open: the clock starts when the API server has answered, not when a kubectl
+    # process has also exited (on a loaded machine that alone can take 100 ms).
+    _core.create_namespaced_pod_eviction(pod, NAMESPACE, {
+        "apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": pod, "namespace": NAMESPACE}}, _preload_content=False)
     evicted = time.monotonic()
     watcher.join(130)
     if "at" not in result:
@@ -130,47 +170,105 @@ def job_trial(system: System, batch: client.BatchV1Api, i: int) -> float:
 
 def percentiles(values: list[float]) -> dict[str, float]:
     q = statistics.quantiles(values, n=100, method="inclusive")
-    return {"p50": statistics.median(values), "p95": q[94], "p99": q[98]}
+    return {"p50": statistics.median(values), "p95": q[94], "p99": q[98], "max": max(values)}
+
+
+def background(plane: Any, operator: Operator, n: int, say: Report) -> None:
+    """`n` live runs whose pods cannot be scheduled (they ask for more CPU than the
+    development node has), all Pending Unschedulable, and the operator quiet again."""
+    api = api_client(plane, 12)
+    create_namespace(plane, BACKGROUND)
+    began = time.monotonic()
+    create_many(agentrun_maker(api, BACKGROUND, prefix="bg",
+                               resources={"requests": {"cpu": "100"}}), range(n), 8)
+    wait_live(api, BACKGROUND, n, say)
+    live = time.monotonic() - began
+    assert operator.child is not None
+    quiet, calm = wait_quiet(operator.child.pid, operator.child.log_path)
+    say(f"{n} background runs live (Pending, Unschedulable) after {live:.0f} s; operator "
+        f"{'quiet' if calm else 'NOT quiet'} {quiet:.0f} s later; load average {load()}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=30)
+    parser.add_argument("--background", type=int, default=0,
+                        help="live unschedulable runs in another namespace during the trials")
+    parser.add_argument("--check-interval", type=float,
+                        help="the operator's --check-interval (default: its own, 300 s)")
+    parser.add_argument("--out", help="results file (default bench/results/eviction[-"
+                                      "background<N>]-<date>.txt; '-' for stdout only)")
     args = parser.parse_args()
+    out = default_out(f"eviction-background{args.background}" if args.background else
+                      "eviction", args.out)
+    say = Report()
 
     work = Path(tempfile.mkdtemp(prefix="agentrun-bench-"))
     plane = ControlPlane(work / "cp").start()
     pg = Postgres().start()
     node = operator = None
+    ok = False
     try:
         apply_crds(plane)
         node = start_dev_node(plane, work / "pods")
         url = pg.create_database("bench")
         asyncio.run(store.migrate(url))
-        operator = Operator(plane, url, work, ("--check-interval=5",)).start()
+        flags = () if args.check_interval is None else (
+            f"--check-interval={args.check_interval:g}",)
+        started = time.monotonic()
+        operator = Operator(plane, url, work, flags).start()
         system = System(plane, url, operator)
+        say(f"bench/eviction.py, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, "
+            f"{os.cpu_count()} CPUs, {args.trials} trials, {args.background} background runs, "
+            f"operator flags {' '.join(flags) or '(defaults)'}; load average {load()}")
+        if args.background:
+            background(plane, operator, args.background, say)
         plane.kubectl("create", "namespace", NAMESPACE)
         wait_for(lambda: plane.kubectl("get", "sa", "default", "-n", NAMESPACE,
                                        check=False).returncode == 0, timeout=30, what="sa")
         api = config.new_client_from_config(config_file=str(plane.kubeconfig))
         custom, batch = client.CustomObjectsApi(api), client.BatchV1Api(api)
+        global _core
+        _core = client.CoreV1Api(api)
         ours: list[float] = []
         jobs: list[float] = []
+        watched = {"operator": operator.child.pid if operator.child else 0,
+                   "devnode": node.pid, **{name: child_pid(plane, name) for name in (
+                       "kube-apiserver", "kube-scheduler", "kube-controller-manager", "etcd")}}
+        before = versions(api, BACKGROUND) if args.background else {}
+        ticks0 = {name: cpu_ticks(pid) for name, pid in watched.items()}
+        began = time.monotonic()
         for i in range(args.trials):
             ours.append(agentrun_trial(system, custom, i))
             jobs.append(job_trial(system, batch, i))
-            print(f"trial {i + 1:2d}: agentrun {ours[-1] * 1000:7.1f} ms   "
-                  f"Job {jobs[-1] * 1000:7.1f} ms", flush=True)
+            say(f"trial {i + 1:2d}: agentrun {ours[-1] * 1000:7.1f} ms   "
+                f"Job {jobs[-1] * 1000:7.1f} ms   (operator up {time.monotonic() - started:.0f} s)")
+        spent = time.monotonic() - began
+        say(f"\nCPU over the {spent:.0f} s of trials, % of one core: " + ", ".join(
+            f"{name} {(cpu_ticks(pid) - ticks0[name]) * 100 / CLK_TCK / spent:.1f}"
+            for name, pid in watched.items()) + f" (the operator resyncs every live run every "
+            f"~{args.check_interval or 300:g} s, jittered +-10%)")
+        if args.background:
+            after = versions(api, BACKGROUND)
+            changed = Counter(kind for kind, _ in set(before) | set(after)
+                              if before.get((kind, _)) != after.get((kind, _)))
+            still = sum(1 for r in listed_runs(api, BACKGROUND)
+                        if (r.get("status") or {}).get("reason") == "Unschedulable")
+            say(f"background: {still}/{args.background} runs still Pending Unschedulable after "
+                f"the trials; changed during the trials: {changed.get('run', 0)} runs, "
+                f"{changed.get('pod', 0)} pods")
         a, j = percentiles(ours), percentiles(jobs)
-        print(f"\nEviction API call returned -> terminal status visible, {args.trials} "
-              "evictions each")
-        print("| | p50 | p95 | p99 |\n|---|---|---|---|")
-        print("| agentrun (Failed + toolsExecuted) | " +
-              " | ".join(f"{a[k] * 1000:.0f} ms" for k in ("p50", "p95", "p99")) + " |")
-        print("| Job controller (status.failed) | " +
-              " | ".join(f"{j[k] * 1000:.0f} ms" for k in ("p50", "p95", "p99")) + " |")
-        print("| ratio agentrun / Job | " +
-              " | ".join(f"{a[k] / j[k]:.2f}" for k in ("p50", "p95", "p99")) + " |")
+        say(f"\nEviction API call returned -> terminal status visible, {args.trials} "
+            f"evictions each, {args.background} other live runs")
+        say("| | p50 | p95 | p99 | max |\n|---|---|---|---|---|")
+        say("| agentrun (Failed + toolsExecuted) | " +
+            " | ".join(f"{a[k] * 1000:.0f} ms" for k in ("p50", "p95", "p99", "max")) + " |")
+        say("| Job controller (status.failed) | " +
+            " | ".join(f"{j[k] * 1000:.0f} ms" for k in ("p50", "p95", "p99", "max")) + " |")
+        say("| ratio agentrun / Job | " +
+            " | ".join(f"{a[k] / j[k]:.2f}" for k in ("p50", "p95", "p99", "max")) + " |")
+        say(f"\nload average at the end {load()} (other processes share these CPUs)")
+        ok = True
     finally:
         if operator is not None:
             operator.stop()
@@ -178,6 +276,10 @@ def main() -> int:
             node.stop()
         pg.stop()
         plane.stop()
+        if not ok:
+            print(f"bench failed; logs kept in {work}", file=sys.stderr)
+    if ok:
+        say.write(out)
     return 0
 
 
