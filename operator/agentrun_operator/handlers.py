@@ -83,8 +83,7 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
         loop.set_default_executor(ThreadPoolExecutor(API_THREADS, "kube"))
         await store.migrate(config.database_url)
         metrics.serve(config.metrics_port)
-        kube = Kube()
-        kube.api.configuration.connection_pool_maxsize = API_THREADS
+        kube = Kube(pool=API_THREADS)
         events.configure(kube.api)
         running = config
         memo.store_api = None

@@ -48,13 +48,18 @@ def _json(response: Any) -> dict[str, Any]:
 class Kube:
     """A thin async façade over the Kubernetes API for what the operator does."""
 
-    def __init__(self, api: client.ApiClient | None = None) -> None:
+    def __init__(self, api: client.ApiClient | None = None, pool: int = 10) -> None:
         if api is None:
             try:
                 config.load_incluster_config()
             except config.ConfigException:
                 config.load_kube_config()
-            api = client.ApiClient()
+            # The connection pool is sized when the client is made, not later: as many
+            # connections as threads may call at once (else each extra call opens, and
+            # throws away, a TLS connection of its own).
+            configuration = client.Configuration.get_default_copy()
+            configuration.connection_pool_maxsize = pool
+            api = client.ApiClient(configuration)
         self.api = api
         # Untyped: the calls here take plain dicts and mostly return raw responses.
         self.core: Any = client.CoreV1Api(api)
