@@ -113,9 +113,10 @@ comma := ,
 BENCH_OUT := $(if $(BENCH_QUICK),--out -)
 
 .PHONY: bench
-bench: venv controlplane ## benchmarks: ledger cost; eviction latency idle and under load, throughput beside the Job controller; the operator at rest at scale
+bench: venv controlplane ## benchmarks: ledger cost; eviction latency idle and under load, throughput beside the Job controller; the operator at rest at scale; resume
 	$(PY) bench/ledger.py
 	$(PY) bench/eviction.py --trials $(BENCH_TRIALS) $(BENCH_OUT)
 	$(PY) bench/eviction.py --trials $(BENCH_TRIALS) --background $(BENCH_BACKGROUND) $(BENCH_OUT)
 	$(PY) bench/throughput.py --n $(BENCH_N) $(BENCH_OUT)
 	$(PY) bench/scale.py --levels $(BENCH_LEVELS) $(BENCH_OUT)
+	$(PY) bench/resume.py --trials $(if $(BENCH_QUICK),5,20) $(BENCH_OUT)
