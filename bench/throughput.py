@@ -46,7 +46,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,7 @@ for extra in (ROOT / "devtools", ROOT):
 from agentrun_devtools.controlplane import ControlPlane  # noqa: E402
 from agentrun_devtools.postgres import Postgres  # noqa: E402
 from agentrun_devtools.processes import wait_for  # noqa: E402
+from agentrun_operator.informer import watch_lines  # noqa: E402
 from kubernetes import client, config  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 
@@ -201,16 +202,6 @@ def job_maker(api: client.ApiClient, namespace: str) -> Callable[[int], None]:
     return make
 
 
-def _lines(response: Any) -> Iterator[bytes]:
-    buffer = b""
-    for chunk in response.stream(amt=65536, decode_content=True):
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            if line.strip():
-                yield line
-
-
 class PodCounter:
     """The distinct pods of a namespace (matching a label selector) as a watch shows
     them, with the time the `target`-th one arrived. Raw JSON, no typed models."""
@@ -267,7 +258,7 @@ class PodCounter:
                     resource_version=version, timeout_seconds=3600,
                     _preload_content=False)
                 try:
-                    for line in _lines(response):
+                    for line in watch_lines(response):
                         event = json.loads(line)
                         if event.get("type") in ("ADDED", "MODIFIED"):
                             self._see(event["object"]["metadata"]["name"])

@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -184,31 +184,33 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
 
     @kopf.on.event(GROUP, VERSION, RUN_PLURAL, registry=registry)
     async def run_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        ctx: Context = memo.ctx
-        key = (body.metadata.namespace or "", body.metadata.name or "")
-        if type == "DELETED":
-            ctx.runs.pop(key, None)
-            return
-        seen = slim_run(body)
-        if _newer(ctx.runs.get(key), seen):
-            ctx.runs[key] = seen
-        ctx.queue.add(("run", *key))
+        _observe(memo.ctx, memo.ctx.runs, "run", type, body, slim_run)
 
     @kopf.on.event(GROUP, VERSION, REPLAY_PLURAL, registry=registry)
     async def replay_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        ctx: Context = memo.ctx
-        key = (body.metadata.namespace or "", body.metadata.name or "")
-        if type == "DELETED":
-            ctx.replays.pop(key, None)
-            return
-        seen = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
-                "metadata": dict(body.metadata), "spec": dict(body.spec),
-                "status": dict(body.status)}
-        if _newer(ctx.replays.get(key), seen):
-            ctx.replays[key] = seen
-        ctx.queue.add(("replay", *key))
+        _observe(memo.ctx, memo.ctx.replays, "replay", type, body, _whole)
 
     return registry
+
+
+def _whole(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+            "metadata": dict(body.get("metadata") or {}), "spec": dict(body.get("spec") or {}),
+            "status": dict(body.get("status") or {})}
+
+
+def _observe(ctx: Context, cache: dict[tuple[str, str], dict[str, Any]], kind: str, type: str,
+             body: kopf.Body, copy: Callable[[Mapping[str, Any]], dict[str, Any]]) -> None:
+    """A watch event: the cache keeps the newest copy (our own write's answer may be ahead
+    of the watch), and the object's key goes on the work queue."""
+    key = (body.metadata.namespace or "", body.metadata.name or "")
+    if type == "DELETED":
+        cache.pop(key, None)
+        return
+    seen = copy(body)
+    if _newer(cache.get(key), seen):
+        cache[key] = seen
+    ctx.queue.add((kind, *key))
 
 
 def resync_all(ctx: Context) -> None:

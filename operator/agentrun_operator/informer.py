@@ -37,7 +37,8 @@ def key_of(obj: Mapping[str, Any]) -> Key:
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
 
-def _lines(response: Any) -> Iterator[bytes]:
+def watch_lines(response: Any) -> Iterator[bytes]:
+    """The lines of a watch response (one JSON event each), as they arrive."""
     buffer = b""
     for chunk in response.stream(amt=65536, decode_content=True):
         buffer += chunk
@@ -139,7 +140,7 @@ class Informer:
                 return ""
             raise
         try:
-            for line in _lines(response):
+            for line in watch_lines(response):
                 event = json.loads(line)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
