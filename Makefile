@@ -13,6 +13,7 @@ KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(LOCAL)/bin/kubectl)
 HELM ?= $(shell command -v helm 2>/dev/null || echo $(LOCAL)/bin/helm)
 IMG_OPERATOR ?= agentrun/operator:dev
 IMG_RUNNER ?= agentrun/runner:dev
+IMG_POSTGRES ?= agentrun/postgres:dev
 
 .PHONY: help
 help: ## list the targets
@@ -58,6 +59,12 @@ install: ## install the CRDs and the admission policy into the current kube cont
 	$(KUBECTL) apply --server-side --force-conflicts -f crds/
 	$(KUBECTL) wait --for=condition=Established --timeout=60s crd/agentruns.agentrun.dev crd/agentrunreplays.agentrun.dev
 
+# The chart's copies of crds/ (CRDs, admission policies, ClusterRoles) and the Argo CD
+# argocd-cm patch are generated; tests/chart/test_chart_sources.py fails when they drift.
+.PHONY: chart-crds
+chart-crds: venv ## regenerate the chart's copies of crds/ and charts/agentrun/argocd/argocd-cm-patch.yaml
+	$(PY) -m agentrun_devtools.chart_sources
+
 .PHONY: uninstall
 uninstall: ## remove the CRDs and the admission policy from the current kube context
 	$(KUBECTL) delete --ignore-not-found -f crds/
@@ -98,6 +105,11 @@ docker-build: ## build the operator and runner images (needs a Docker engine)
 	@docker info >/dev/null 2>&1 || { echo "docker-build: no Docker engine here; nothing built"; exit 1; }
 	docker build -t $(IMG_OPERATOR) -f Dockerfile .
 	docker build -t $(IMG_RUNNER) -f runner-image/Dockerfile .
+
+.PHONY: images
+images: venv ## build the operator, runner and trial-Postgres images as OCI archives (no Docker engine, no registry)
+	$(PY) -m agentrun_devtools.images --operator $(IMG_OPERATOR) --runner $(IMG_RUNNER) \
+		--postgres $(IMG_POSTGRES)
 
 .PHONY: test-e2e
 test-e2e: ## kind-based end-to-end test (skips where Docker is absent)

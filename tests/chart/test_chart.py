@@ -1,7 +1,7 @@
 """The Helm chart renders, the real API server accepts every object it renders, and what it
 renders keeps the trust boundary: runner pods get no database credential and reach only the
-store API; the operator reads Secrets only where it watches; the admission policies are
-those of crds/."""
+store API; the operator reads Secrets only where it watches. That the chart's admission
+policies are those of crds/ is tests/chart/test_chart_sources.py."""
 
 from __future__ import annotations
 
@@ -87,15 +87,6 @@ def test_chart_refuses_another_namespace_and_a_missing_store(control_plane: Cont
                     NAMESPACE, "--kube-version", "v1.37.2")
     assert no_store.returncode != 0
     assert "agentrun needs a durable run store" in no_store.stderr
-
-
-def test_the_chart_ships_the_policies_and_roles_of_crds_unchanged(
-        control_plane: ControlPlane) -> None:
-    """`make install` (crds/) and `helm install` give a cluster the same admission rules."""
-    shipped = {p.name: p for p in [*(CHART / "templates").iterdir(), *(CHART / "crds").iterdir()]}
-    for source in sorted((REPO / "crds").glob("*.yaml")):
-        assert source.name in shipped, f"the chart does not ship crds/{source.name}"
-        assert shipped[source.name].read_bytes() == source.read_bytes(), source.name
 
 
 # -- the store API and the operator ----------------------------------------------------------

@@ -29,3 +29,14 @@ else the trial Postgres's Secret (postgres.yaml).
 {{- define "agentrun.storeAPIURL" -}}
 http://agentrun-store.{{ .Release.Namespace }}.svc:8080
 {{- end }}
+
+{{/*
+The operator's ServiceAccount, named here once for the whole chart. Not a value: the
+admission policies of crds/ (which the chart ships unchanged, and `make install` applies
+without Helm) exempt the operator by this name in agentrun-system, so another name would
+have every replay run it creates refused. A locally run operator is exempt through the
+group agentrun:operators instead.
+*/}}
+{{- define "agentrun.operatorServiceAccount" -}}
+agentrun-operator
+{{- end }}
