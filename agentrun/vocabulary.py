@@ -103,6 +103,10 @@ class Condition:
     TOOLS_EXECUTED: Final = "ToolsExecuted"
     APPROVED: Final = "Approved"
     RESUMABLE: Final = "Resumable"
+    # The conditions kstatus (Flux, kubectl wait, cli-utils) and Argo CD read.
+    READY: Final = "Ready"
+    RECONCILING: Final = "Reconciling"
+    STALLED: Final = "Stalled"
 
     TOOL_CALLS_RECORDED: Final = "ToolCallsRecorded"
     NO_TOOL_CALLS: Final = "NoToolCalls"

@@ -298,6 +298,10 @@ async def _write_status(
         "decidedAt": stamp, "observedGeneration": meta.get("generation"),
         "conditions": [condition],
     }
+    patch = st.with_gitops_conditions(
+        {**patch, "conditions": [condition, *[c for c in previous.get("conditions") or []
+                                              if c.get("type") in st.GITOPS_TYPES]]},
+        meta.get("generation"), now())
     # toolsExecuted is a copy of the original's at decision time: only a settled original
     # has one (null: unknown, which is said, not left out).
     if facts is not None and facts.phase in Phase.TERMINAL:

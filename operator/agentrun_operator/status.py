@@ -56,6 +56,48 @@ def succeeded_condition(
     return _condition(Condition.SUCCEEDED, value, reason, message, now, previous)
 
 
+# (Ready, Reconciling, Stalled) by phase, on both kinds; api.md "Conditions for GitOps tools".
+_GITOPS: Mapping[str, tuple[str, str, bool]] = {
+    Phase.PENDING: ("False", "True", False), Phase.RUNNING: ("False", "True", False),
+    Phase.SUCCEEDED: ("True", "False", False),
+    Phase.FAILED: ("False", "False", True), Phase.CANCELLED: ("False", "False", True),
+    # AgentRunReplay phases.
+    "Approved": ("True", "False", False), "Refused": ("False", "False", True),
+}
+GITOPS_TYPES = frozenset({Condition.READY, Condition.RECONCILING, Condition.STALLED})
+
+
+def gitops_conditions(
+    phase: str, reason: str, message: str, now: datetime.datetime,
+    previous: Sequence[Mapping[str, Any]] = (),
+) -> list[dict[str, Any]]:
+    """Ready, Reconciling and, once nothing more will happen but failure, Stalled: what
+    kstatus and Argo CD decide from. An unknown phase is still being reconciled."""
+    ready, reconciling, stalled = _GITOPS.get(phase, ("Unknown", "True", False))
+    reason = reason or phase or "Reconciling"
+    conditions = [_condition(Condition.READY, ready, reason, message, now, previous),
+                  _condition(Condition.RECONCILING, reconciling, reason, message, now,
+                             previous)]
+    if stalled:
+        conditions.append(_condition(Condition.STALLED, "True", reason, message, now,
+                                     previous))
+    return conditions
+
+
+def with_gitops_conditions(status: Mapping[str, Any], generation: int | None,
+                           now: datetime.datetime) -> dict[str, Any]:
+    """`status` with its Ready/Reconciling/Stalled conditions brought in line with its phase,
+    and observedGeneration: every status write goes through here."""
+    before = list(status.get("conditions") or [])
+    kept = [c for c in before if c.get("type") not in GITOPS_TYPES]
+    written = {**status, "conditions": [*kept, *gitops_conditions(
+        status.get("phase") or "", status.get("reason") or "", status.get("message") or "",
+        now, before)]}
+    if generation is not None:
+        written["observedGeneration"] = generation
+    return written
+
+
 def live_status(
     phase: str, reason: str, message: str, now: datetime.datetime,
     previous: Mapping[str, Any], **fields: Any,
@@ -65,8 +107,8 @@ def live_status(
     return {
         "phase": phase, "reason": reason, "message": message, **fields,
         "conditions": [succeeded_condition(phase, reason, message, now, before),
-                       *[c for c in before if c.get("type") in (Condition.TOOLS_EXECUTED,
-                                                                 Condition.RESUMABLE)]],
+                       *[c for c in before if c.get("type") in (
+                           Condition.TOOLS_EXECUTED, Condition.RESUMABLE, *GITOPS_TYPES)]],
     }
 
 
@@ -82,7 +124,8 @@ def settled_status(
         "finishedAt": stamp(now), **fields,
         "conditions": [succeeded_condition(phase, reason, message, now, before),
                        tools_condition(tools, now, before),
-                       *[c for c in before if c.get("type") == Condition.RESUMABLE]],
+                       *[c for c in before if c.get("type") in (
+                           Condition.RESUMABLE, *GITOPS_TYPES)]],
     }
 
 
