@@ -153,9 +153,11 @@ class Context:
 
 
 def slim_run(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """An AgentRun without what no reconcile reads (its input text: read when launching)."""
+    """An AgentRun without what no reconcile reads: its input, once it is snapshotted
+    (until then the launch needs it, and reads it here rather than from the API)."""
     meta = obj.get("metadata") or {}
-    spec = {k: v for k, v in (obj.get("spec") or {}).items() if k != "input"}
+    launched = bool((obj.get("status") or {}).get("inputDigest"))
+    spec = {k: v for k, v in (obj.get("spec") or {}).items() if k != "input" or not launched}
     keep = ("name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
             "deletionTimestamp", "finalizers", "labels", "annotations")
     return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
@@ -219,9 +221,14 @@ async def reconcile_run(ctx: Context, namespace: str, name: str) -> float | None
     if meta.get("deletionTimestamp"):
         return await _cancel(ctx, run)
     if FINALIZER not in (meta.get("finalizers") or []):
-        ctx.remember(await ctx.kube.patch_finalizers(
-            RUN_PLURAL, run, [*(meta.get("finalizers") or []), FINALIZER]))
-        return 0
+        patched = await ctx.kube.patch_finalizers(
+            RUN_PLURAL, run, [*(meta.get("finalizers") or []), FINALIZER])
+        if not patched:
+            return None  # gone
+        ctx.remember(patched)
+        # Straight on with the object the patch returned (one reconcile, not two).
+        run = slim_run(patched)
+        meta, status = run["metadata"], run.get("status") or {}
     phase = status.get("phase")
     if phase in Phase.TERMINAL:
         return await _settled(ctx, run)
@@ -233,7 +240,8 @@ async def reconcile_run(ctx: Context, namespace: str, name: str) -> float | None
 async def _write(ctx: Context, run: Mapping[str, Any], changes: Mapping[str, Any]) -> None:
     """One status write: the run's status with `changes` (None values are written as
     null), only if the run is still as we read it."""
-    status = {**(run.get("status") or {}), **changes}
+    status = st.with_gitops_conditions({**(run.get("status") or {}), **changes},
+                                       run["metadata"].get("generation"), now())
     ctx.remember(await ctx.kube.replace_status(RUN_PLURAL, run, status))
 
 
@@ -253,9 +261,12 @@ async def _launch(ctx: Context, run: Mapping[str, Any]) -> float | None:
     recorded = await store.get_run(ctx.engine, meta["uid"])
     digest = recorded.input_digest if recorded is not None else None
     if not digest:
-        full = await ctx.kube.read_run(meta["namespace"], meta["name"])
-        if full is None or full["metadata"]["uid"] != meta["uid"]:
-            return None
+        full = run
+        if "input" not in spec:  # a copy made without it: read the run itself
+            found = await ctx.kube.read_run(meta["namespace"], meta["name"])
+            if found is None or found["metadata"]["uid"] != meta["uid"]:
+                return None
+            full = found
         try:
             digest = await _snapshot(ctx, full)
         except InputMissing as e:
@@ -275,8 +286,8 @@ async def _launch(ctx: Context, run: Mapping[str, Any]) -> float | None:
         await _record_run(ctx, run, digest)
     events.post(run, Reason.CREATED, f"Input snapshotted as {digest}; run recorded.")
     # Straight on to the first pod: its status write says both (one write, not two).
-    return await _start_attempt(ctx, run, current_attempt(run.get("status") or {}), launching={
-        "inputDigest": digest, "observedGeneration": meta.get("generation")})
+    return await _start_attempt(ctx, run, current_attempt(run.get("status") or {}),
+                                launching={"inputDigest": digest}, digest=digest)
 
 
 async def _record_run(ctx: Context, run: Mapping[str, Any], digest: str | None) -> None:
@@ -376,14 +387,16 @@ def _next_look(ctx: Context, run: Mapping[str, Any], node: Mapping[str, Any] | N
 async def _no_pod(ctx: Context, run: Mapping[str, Any], attempt: int, key: Key) -> float | None:
     """The current attempt has no pod: not created yet (create it), or created and gone."""
     meta = run["metadata"]
+    expected = ctx.expected.get(key)
+    if expected is not None and time.monotonic() - expected < EXPECTATION_SECONDS:
+        # Created a moment ago; the watch has not shown it yet (its event will queue the
+        # run; the expectation's end is the safety net).
+        return EXPECTATION_SECONDS - (time.monotonic() - expected)
     row = await store.get_attempt(ctx.engine, meta["uid"], attempt)
     if row is not None and row.status not in RunStatus.LIVE:
         # Settled already (by us, before the status write was lost or lost a race).
         return await _after_settle(ctx, run, attempt, _PHASE_OF[row.status],
                                    row.reason or "", row.message or "", row.tools_executed)
-    expected = ctx.expected.get(key)
-    if expected is not None and time.monotonic() - expected < EXPECTATION_SECONDS:
-        return 0.5  # created a moment ago; the watch has not shown it yet
     if row is None or row.pod_uid is None:
         if _next_look(ctx, run, None) <= 0:  # never got a pod within the stale limit
             return await _finish(ctx, run, attempt, Outcome(
@@ -410,9 +423,11 @@ async def _no_pod(ctx: Context, run: Mapping[str, Any], attempt: int, key: Key) 
 
 
 async def _start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int,
-                         launching: Mapping[str, Any] | None = None) -> float | None:
+                         launching: Mapping[str, Any] | None = None,
+                         digest: str | None = None) -> float | None:
     """Writes attempt `attempt` down, then creates its pod. `launching`: the status fields
-    of a run being launched (written with the pod's, in the same status write)."""
+    of a run being launched (written with the pod's, in the same status write); `digest`:
+    its input snapshot, when the caller has just recorded it."""
     launching = dict(launching or {})
     meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
     name = pod_name(meta["name"], attempt)
@@ -455,8 +470,9 @@ async def _start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int,
             f"Session {session} in namespace {meta['namespace']} belongs to "
             f"{claim.owned_by}; only chat turns of the same agent and userId continue it. "
             "Use another sessionId. No pod was started.")))
-    recorded = await store.get_run(ctx.engine, meta["uid"])
-    digest = recorded.input_digest if recorded is not None else None
+    if not digest:
+        recorded = await store.get_run(ctx.engine, meta["uid"])
+        digest = recorded.input_digest if recorded is not None else None
     if not digest:
         return await _launch(ctx, run)
     await store.start_attempt(ctx.engine, meta["uid"], attempt, session, name, resumes,
@@ -488,7 +504,7 @@ async def _start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int,
             **launching))
     _log(run, "pod-created", attempt=attempt, pod=name)
     events.post(run, Reason.POD_CREATED, f"Created runner pod {name} (attempt {attempt}).")
-    return 0
+    return EXPECTATION_SECONDS  # the pod's watch event queues the run before that
 
 
 async def _create_refused(ctx: Context, run: Mapping[str, Any], attempt: int, name: str,
