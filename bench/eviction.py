@@ -19,8 +19,19 @@ are p50/p95/p99 and the ratio agentrun/Job at each: below 1 means agentrun knew 
 
 Under load (`--background N`): before the trials, N live runs are created in namespace
 bench-background, each asking for more CPU (resources.requests.cpu "100") than the
-development node has (64), so their pods stay Pending (Unschedulable); we wait until
-every one says so and the operator has gone quiet, then run the trials as above. The
+development node has (64). Where their pods go is `--background-pods`:
+
+- `bound` (the default): to a second node, park-node, registered by this process with
+  room for exactly N pods and its Lease renewed every 2 s, which runs nothing: the
+  pods stay Pending with a node, as pods waiting on a busy kubelet do, and the run says
+  PodCreated. The trial runs' pods, asking for nothing, only fit on the development node
+  (park-node is full). Live runs on nodes, what a cluster has.
+- `unschedulable`: nowhere; their pods stay Unschedulable. kube-scheduler then retries
+  every one of them each time an assigned pod is deleted (a trial's eviction), on the
+  same two cores (bench/results/scheduler-requeue-probe-2026-12-01.txt).
+
+We wait until every run says so and the operator has gone quiet, then run the trials
+as above. The
 operator runs with its default flags unless `--check-interval` is given (its resync, a
 safety net under the watches, re-queues every live run each interval). Reported beside
 the figures: the CPU of the operator, the development node and the control plane over
@@ -65,7 +76,7 @@ from tests.cluster_fixtures import apply_crds  # noqa: E402
 from tests.harness import Operator, System, agent_run, email_then_wait  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scale import listed_runs, versions, wait_live, wait_quiet  # noqa: E402
+from scale import listed_pods, listed_runs, versions, wait_live, wait_quiet  # noqa: E402
 from throughput import (  # noqa: E402
     CLK_TCK,
     Report,
@@ -173,19 +184,76 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"p50": statistics.median(values), "p95": q[94], "p99": q[98], "max": max(values)}
 
 
-def background(plane: Any, operator: Operator, n: int, say: Report) -> None:
-    """`n` live runs whose pods cannot be scheduled (they ask for more CPU than the
-    development node has), all Pending Unschedulable, and the operator quiet again."""
+class ParkNode:
+    """A node with room for `pods` pods that runs nothing: registered here, Ready, its
+    Lease renewed every 2 s (so the node lifecycle controller keeps it Ready), deleted
+    on stop."""
+
+    NAME = "park-node"
+
+    def __init__(self, api: client.ApiClient, pods: int) -> None:
+        self.core, self.leases = client.CoreV1Api(api), client.CoordinationV1Api(api)
+        self.pods = pods
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, daemon=True)
+
+    def start(self) -> ParkNode:
+        room = {"cpu": "1000000", "memory": "1000Ti", "pods": str(self.pods)}
+        self.core.create_node({"metadata": {"name": self.NAME, "labels": {
+            "kubernetes.io/hostname": self.NAME}}})
+        self.core.patch_node_status(self.NAME, {"status": {
+            "capacity": room, "allocatable": room,
+            "conditions": [self._ready()]}})
+        self.leases.create_namespaced_lease("kube-node-lease", {
+            "metadata": {"name": self.NAME}, "spec": {
+                "holderIdentity": self.NAME, "leaseDurationSeconds": 40,
+                "renewTime": self._micro()}})
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.core.delete_node(self.NAME)
+
+    @staticmethod
+    def _micro() -> str:
+        return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    def _ready(self) -> dict[str, str]:
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                "message": "parked: runs nothing", "lastHeartbeatTime": now,
+                "lastTransitionTime": now}
+
+    def _renew(self) -> None:
+        while not self._stop.wait(2.0):
+            try:
+                self.leases.patch_namespaced_lease(self.NAME, "kube-node-lease", {
+                    "spec": {"renewTime": self._micro()}})
+            except Exception as e:  # the next renewal tries again
+                print(f"park-node lease renewal failed: {e}", file=sys.stderr)
+
+
+def background(plane: Any, operator: Operator, n: int, say: Report, *, bound: bool) -> None:
+    """`n` live runs whose pods cannot go on the development node (they ask for more CPU
+    than it has), bound to park-node or unschedulable, and the operator quiet again."""
     api = api_client(plane, 12)
     create_namespace(plane, BACKGROUND)
     began = time.monotonic()
     create_many(agentrun_maker(api, BACKGROUND, prefix="bg",
                                resources={"requests": {"cpu": "100"}}), range(n), 8)
-    wait_live(api, BACKGROUND, n, say)
+    reason = "PodCreated" if bound else "Unschedulable"
+    wait_live(api, BACKGROUND, n, say, reason=reason)
+    if bound:
+        wait_for(lambda: sum(1 for p in listed_pods(api, BACKGROUND)
+                             if (p.get("spec") or {}).get("nodeName") == ParkNode.NAME) >= n,
+                 timeout=900, interval=5, what=f"{n} background pods bound to park-node")
     live = time.monotonic() - began
     assert operator.child is not None
     quiet, calm = wait_quiet(operator.child.pid, operator.child.log_path)
-    say(f"{n} background runs live (Pending, Unschedulable) after {live:.0f} s; operator "
+    say(f"{n} background runs live (Pending, {reason}"
+        f"{', pods on park-node' if bound else ''}) after {live:.0f} s; operator "
         f"{'quiet' if calm else 'NOT quiet'} {quiet:.0f} s later; load average {load()}")
 
 
@@ -193,20 +261,23 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=30)
     parser.add_argument("--background", type=int, default=0,
-                        help="live unschedulable runs in another namespace during the trials")
+                        help="live runs in another namespace during the trials")
+    parser.add_argument("--background-pods", choices=("bound", "unschedulable"),
+                        default="bound", help="where the background runs' pods are")
     parser.add_argument("--check-interval", type=float,
                         help="the operator's --check-interval (default: its own, 300 s)")
     parser.add_argument("--out", help="results file (default bench/results/eviction[-"
                                       "background<N>]-<date>.txt; '-' for stdout only)")
     args = parser.parse_args()
-    out = default_out(f"eviction-background{args.background}" if args.background else
-                      "eviction", args.out)
+    out = default_out(f"eviction-background{args.background}-{args.background_pods}"
+                      if args.background else "eviction", args.out)
     say = Report()
 
     work = Path(tempfile.mkdtemp(prefix="agentrun-bench-"))
     plane = ControlPlane(work / "cp").start()
     pg = Postgres().start()
     node = operator = None
+    park: ParkNode | None = None
     ok = False
     try:
         apply_crds(plane)
@@ -222,7 +293,10 @@ def main() -> int:
             f"{os.cpu_count()} CPUs, {args.trials} trials, {args.background} background runs, "
             f"operator flags {' '.join(flags) or '(defaults)'}; load average {load()}")
         if args.background:
-            background(plane, operator, args.background, say)
+            if args.background_pods == "bound":
+                park = ParkNode(api_client(plane, 4), args.background).start()
+            background(plane, operator, args.background, say,
+                       bound=args.background_pods == "bound")
         plane.kubectl("create", "namespace", NAMESPACE)
         wait_for(lambda: plane.kubectl("get", "sa", "default", "-n", NAMESPACE,
                                        check=False).returncode == 0, timeout=30, what="sa")
@@ -252,9 +326,10 @@ def main() -> int:
             after = versions(api, BACKGROUND)
             changed = Counter(kind for kind, _ in set(before) | set(after)
                               if before.get((kind, _)) != after.get((kind, _)))
+            reason = "PodCreated" if args.background_pods == "bound" else "Unschedulable"
             still = sum(1 for r in listed_runs(api, BACKGROUND)
-                        if (r.get("status") or {}).get("reason") == "Unschedulable")
-            say(f"background: {still}/{args.background} runs still Pending Unschedulable after "
+                        if (r.get("status") or {}).get("reason") == reason)
+            say(f"background: {still}/{args.background} runs still Pending {reason} after "
                 f"the trials; changed during the trials: {changed.get('run', 0)} runs, "
                 f"{changed.get('pod', 0)} pods")
         a, j = percentiles(ours), percentiles(jobs)
@@ -270,6 +345,8 @@ def main() -> int:
         say(f"\nload average at the end {load()} (other processes share these CPUs)")
         ok = True
     finally:
+        if park is not None:
+            park.stop()
         if operator is not None:
             operator.stop()
         if node is not None:

@@ -112,8 +112,8 @@ def versions(api: client.ApiClient, namespace: str) -> dict[tuple[str, str], str
 
 
 def wait_live(api: client.ApiClient, namespace: str, n: int, say: Report, *,
-              timeout: float = 1800) -> float:
-    """Until `n` runs in `namespace` are Pending, Unschedulable, with their pod existing;
+              timeout: float = 1800, reason: str = "Unschedulable") -> float:
+    """Until `n` runs in `namespace` are Pending with `reason`, their pod existing;
     returns the seconds it took. Looked at every n/200 s (at least 5 s): listing
     thousands of objects costs the API server, and the machine is shared."""
     every = max(5.0, n / 200)
@@ -126,7 +126,7 @@ def wait_live(api: client.ApiClient, namespace: str, n: int, say: Report, *,
         live = 0
         for run in runs:
             status = run.get("status") or {}
-            ok = (status.get("phase") == "Pending" and status.get("reason") == "Unschedulable"
+            ok = (status.get("phase") == "Pending" and status.get("reason") == reason
                   and status.get("podName") in pods)
             live += ok
             reasons[f"{status.get('phase')}/{status.get('reason')}"] += 1
@@ -135,7 +135,7 @@ def wait_live(api: client.ApiClient, namespace: str, n: int, say: Report, *,
             return took
         if took - last >= 30:
             last = took
-            say(f"    {took:4.0f} s: {live}/{n} live and Unschedulable; {len(runs)} runs, "
+            say(f"    {took:4.0f} s: {live}/{n} live and {reason}; {len(runs)} runs, "
                 f"{len(pods)} pods; " + ", ".join(f"{k} {v}" for k, v in reasons.most_common()))
         if took > timeout:
             raise TimeoutError(f"{live}/{n} runs live after {timeout:.0f}s: {dict(reasons)}")
