@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentrun.vocabulary import DEFAULT_STALE_SECONDS, DEFAULT_TOLERATION_SECONDS, STORE_AUDIENCE
+from agentrun_operator import logs
 
 REPO = Path(__file__).resolve().parents[2]
 # The embedded default store of the development cluster.
@@ -51,6 +52,7 @@ class OperatorConfig:
     leader_election_namespace: str = ""
     leader_election_seconds: float = 15.0
     metrics_port: int = 0  # 0: no metrics endpoint
+    log_format: str = "text"  # or "json": one object per line (logs.py)
     # ADK session events older than this are purged daily (0: never).
     event_retention: datetime.timedelta = datetime.timedelta(days=90)
     extra_runner_env: dict[str, str] = field(default_factory=dict)
@@ -120,6 +122,9 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
                    default=float(_env("AGENTRUN_LEADER_ELECTION_SECONDS", "15")),
                    help="how long a silent leader keeps the Lease before a standby takes over")
     p.add_argument("--metrics-port", type=int, default=int(_env("AGENTRUN_METRICS_PORT", "0")))
+    p.add_argument("--log-format", choices=logs.FORMATS,
+                   default=_env("AGENTRUN_LOG_FORMAT", "text"),
+                   help="text (key=value) or json (one object per line)")
     p.add_argument("--event-retention-days", type=float,
                    default=float(_env("AGENTRUN_EVENT_RETENTION_DAYS", "90")),
                    help="ADK session events older than this are purged daily, in batches "
@@ -149,5 +154,6 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
         leader_election_namespace=a.leader_election_namespace,
         leader_election_seconds=a.leader_election_seconds,
         metrics_port=a.metrics_port,
+        log_format=a.log_format,
         event_retention=datetime.timedelta(days=a.event_retention_days),
     )

@@ -99,6 +99,9 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
                 running = dataclasses.replace(config, store_api_url=memo.store_api.url)
         ctx = memo.ctx = Context(config=running, engine=store.make_engine(
             config.database_url, pool_size=5, max_overflow=5), kube=kube)
+        # Read at scrape time, in the server's thread: a copy in one step (no iteration
+        # of a dict the event loop changes meanwhile).
+        metrics.watch(lambda: list(ctx.runs.values()), lambda: len(ctx.queue))
         core = client.CoreV1Api(kube.api)
         watched = kopf_namespace_filter(config.namespaces)
 

@@ -9,14 +9,13 @@ import sys
 import kopf
 
 from agentrun_operator import config as configuration
+from agentrun_operator import logs
 from agentrun_operator.handlers import register
 
 
 def main(argv: list[str] | None = None) -> int:
     config = configuration.parse(argv)
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr,
-        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    logs.configure(config.log_format)
     # kopf's own per-object chatter goes to debug; our handlers log one line per step.
     logging.getLogger("kopf").setLevel(logging.WARNING)
     registry = register(config)

@@ -1,23 +1,177 @@
-"""Prometheus metrics of the operator (served on --metrics-port when it is set)."""
+"""Prometheus metrics of the operator and the store API (served on --metrics-port when it
+is set). docs/operator.md has the table; the chart's dashboard reads only these names."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, start_http_server
+import datetime
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import (
+    REGISTRY,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from agentrun.vocabulary import Phase, Reason
+
+# No `_created` series beside every counter: nothing here reads them.
+disable_created_metrics()
+# Latencies from a few milliseconds (a ledger row) to minutes (a slow eviction).
+_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+            120.0, 300.0)
+# Ends that are the cluster taking the pod away: counted as evictions.
+EVICTIONS = frozenset({Reason.EVICTED, Reason.PREEMPTED})
 
 RUNS_SETTLED = Counter(
     "agentrun_runs_settled_total",
-    "Run attempts settled by this operator, by phase and reason.",
+    "Runs settled by this operator (the end shown in their status), by phase and reason.",
     ["phase", "reason"],
+)
+ATTEMPTS_STARTED = Counter(
+    "agentrun_attempts_started_total",
+    "Runner pods created, one per attempt.",
 )
 ATTEMPTS_RETRIED = Counter(
     "agentrun_attempts_retried_total",
-    "New attempts started because the failed one provably called no tool.",
-    ["after"],
+    "New attempts started from scratch because the failed one provably called no tool, "
+    "by the reason the failed attempt ended with.",
+    ["reason"],
+)
+ATTEMPTS_RESUMED = Counter(
+    "agentrun_attempts_resumed_total",
+    "Failed attempts resumed by the next one (spec.retry.resume), by the reason the "
+    "failed attempt ended with.",
+    ["reason"],
+)
+EVICTIONS_TOTAL = Counter(
+    "agentrun_evictions_total",
+    "Attempts ended by the cluster taking their pod away (Evicted, Preempted), whether "
+    "the run then failed, was retried or was resumed.",
+    ["reason"],
+)
+EVICTION_TO_FAILED = Histogram(
+    "agentrun_eviction_to_failed_seconds",
+    "From the pod's DisruptionTarget condition (else its deletionTimestamp) to the "
+    "return of the status write that shows the run Failed.",
+    ["reason"],
+    buckets=_BUCKETS,
+)
+REPLAY_DECISIONS = Counter(
+    "agentrun_replay_decisions_total",
+    "AgentRunReplay decisions written to their status, by phase and reason.",
+    ["phase", "reason"],
 )
 TOOLS_UNKNOWN = Counter(
     "agentrun_tools_unknown_total",
     "Runs settled while the run store could not be read (toolsExecuted null).",
 )
+STORE_ERRORS = Counter(
+    "agentrun_store_errors_total",
+    "Run store operations that failed (the store unreachable or refusing), by operation.",
+    ["operation"],
+)
+RECONCILE_DURATION = Histogram(
+    "agentrun_reconcile_duration_seconds",
+    "Time of one reconcile, by kind (run, replay) and result (ok, conflict, error).",
+    ["kind", "result"],
+    buckets=_BUCKETS,
+)
+LEDGER_WRITE_DURATION = Histogram(
+    "agentrun_ledger_write_duration_seconds",
+    "Store API handling time of a ledger write (open: POST /v1/ledger, close: POST "
+    "/v1/ledger/{seq}/close), authentication included, by operation and HTTP code.",
+    ["operation", "code"],
+    buckets=_BUCKETS,
+)
+
+
+class _Caches(Collector):
+    """Gauges read from the operator's caches at scrape time (nothing to keep in step)."""
+
+    def __init__(self) -> None:
+        self.runs: Callable[[], Iterable[Mapping[str, Any]]] = list
+        self.depth: Callable[[], int] = lambda: 0
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return self._families({}, 0)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        phases = Tally(str((r.get("status") or {}).get("phase") or Phase.PENDING)
+                       for r in list(self.runs()))
+        return self._families(phases, self.depth())
+
+    def _families(self, phases: Mapping[str, int], depth: int) -> Iterator[GaugeMetricFamily]:
+        runs = GaugeMetricFamily(
+            "agentrun_runs", "AgentRuns in the operator's cache, by phase (a run not "
+            "launched yet counts as Pending).", labels=["phase"])
+        for phase in sorted({*Phase.LIVE, *Phase.TERMINAL, *phases}):
+            runs.add_metric([phase], phases.get(phase, 0))
+        yield runs
+        yield GaugeMetricFamily(
+            "agentrun_workqueue_depth", "Keys waiting on the work queue (not being worked "
+            "on).", value=depth)
+
+
+_CACHES = _Caches()
+REGISTRY.register(_CACHES)
+
+
+def watch(runs: Callable[[], Iterable[Mapping[str, Any]]], depth: Callable[[], int]) -> None:
+    """Where the gauges of runs by phase and of the queue depth are read from."""
+    _CACHES.runs, _CACHES.depth = runs, depth
+
+
+def retried(reason: str) -> None:
+    ATTEMPTS_RETRIED.labels(reason).inc()
+    _ended(reason)
+
+
+def resumed(reason: str) -> None:
+    ATTEMPTS_RESUMED.labels(reason).inc()
+    _ended(reason)
+
+
+def settled(phase: str, reason: str, tools: list[str] | None,
+            pod: Mapping[str, Any] | None) -> None:
+    """A run's end was written to its status just now; `pod` is its last pod as cached."""
+    RUNS_SETTLED.labels(phase, reason).inc()
+    if tools is None:
+        TOOLS_UNKNOWN.inc()
+    _ended(reason)
+    if phase == Phase.FAILED and reason in EVICTIONS and pod is not None:
+        began = disruption_began(pod)
+        if began is not None:
+            elapsed = (datetime.datetime.now(datetime.UTC) - began).total_seconds()
+            EVICTION_TO_FAILED.labels(reason).observe(max(0.0, elapsed))
+
+
+def _ended(reason: str) -> None:
+    if reason in EVICTIONS:
+        EVICTIONS_TOTAL.labels(reason).inc()
+
+
+def disruption_began(pod: Mapping[str, Any]) -> datetime.datetime | None:
+    """When the cluster began taking `pod` away: its DisruptionTarget condition's
+    lastTransitionTime, else its deletionTimestamp (None: neither is there)."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+            stamp = condition.get("lastTransitionTime")
+            if stamp:
+                return _parse(stamp)
+    stamp = (pod.get("metadata") or {}).get("deletionTimestamp")
+    return _parse(stamp) if stamp else None
+
+
+def _parse(stamp: Any) -> datetime.datetime:
+    if isinstance(stamp, datetime.datetime):
+        return stamp if stamp.tzinfo else stamp.replace(tzinfo=datetime.UTC)
+    return datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
 
 
 def serve(port: int) -> None:

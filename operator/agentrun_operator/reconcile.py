@@ -488,6 +488,8 @@ async def _start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int,
                                                        ctx.config))
     except ApiException as e:
         return await _create_refused(ctx, run, attempt, name, e, launching)
+    if created is not None:
+        metrics.ATTEMPTS_STARTED.inc()
     if created is None:
         existing = await ctx.kube.read_pod(meta["namespace"], name)
         if existing is None or not owns(run, existing):
@@ -566,6 +568,7 @@ async def _finish(ctx: Context, run: Mapping[str, Any], attempt: int,
         # The store cannot be reached: the run's status is the record, tools unknown,
         # until the store answers again (_settled reads them then).
         log.warning("event=store-settle-failed run=%s error=%r", meta["name"], e)
+        metrics.STORE_ERRORS.labels("settle").inc()
         row = None
         tools = None
     else:
@@ -600,7 +603,7 @@ async def _after_settle(ctx: Context, run: Mapping[str, Any], attempt: int, phas
         await _write(ctx, run, changes)
         events.post(run, Reason.RESUMING, said)
         _log(run, "resume", attempt=following, after=reason)
-        metrics.ATTEMPTS_RETRIED.labels(reason).inc()
+        metrics.resumed(reason)
         return 0
     if st.should_retry(spec, attempt, phase, reason, tools):
         following = attempt + 1
@@ -610,7 +613,7 @@ async def _after_settle(ctx: Context, run: Mapping[str, Any], attempt: int, phas
                                               status, attempts=following))
         events.post(run, Reason.RETRYING, said, warning=True)
         _log(run, "retry", attempt=following, after=reason)
-        metrics.ATTEMPTS_RETRIED.labels(reason).inc()
+        metrics.retried(reason)
         return 0
     settled = st.settled_status(phase, reason, message, tools, now(), status, attempts=attempt)
     if resume is not None:  # asked to resume, and refused: say why, on the run
@@ -620,9 +623,8 @@ async def _after_settle(ctx: Context, run: Mapping[str, Any], attempt: int, phas
         events.post(run, resume.reason, f"Not resumed: {resume.message}", warning=True)
     await _write(ctx, run, settled)
     _log(run, "settled", attempt=attempt, phase=phase, reason=reason, tools=tools)
-    metrics.RUNS_SETTLED.labels(phase, reason).inc()
-    if tools is None:
-        metrics.TOOLS_UNKNOWN.inc()
+    last = (run["metadata"]["namespace"], pod_name(run["metadata"]["name"], attempt))
+    metrics.settled(phase, reason, tools, ctx.pods.get(last) if ctx.pods is not None else None)
     told = "unknown (the run store could not be read)" if tools is None else (
         ", ".join(tools) or "none")
     events.post(run, reason, f"{message} Tools executed: {told}.",
@@ -669,6 +671,7 @@ async def journal_of(engine: AsyncEngine, uid: str, attempt: int) -> Journal:
                                       row.user_id or "", row.session_id)
     except Exception as e:
         log.warning("event=journal-unreadable uid=%s attempt=%s error=%r", uid, attempt, e)
+        metrics.STORE_ERRORS.labels("journal").inc()
         return Journal(False)
     if entries is None:
         return Journal(False)
@@ -688,6 +691,7 @@ async def _with_runner_account(ctx: Context, uid: str, attempt: int,
         recorded = await store.get_outcome(ctx.engine, uid, attempt)
     except Exception as e:  # the store may be down: the pod's account stands
         log.warning("event=outcome-unreadable uid=%s attempt=%s error=%r", uid, attempt, e)
+        metrics.STORE_ERRORS.labels("outcome").inc()
         return outcome
     told = _recorded(recorded, outcome.message)
     return told if told is not None and told.phase == outcome.phase else outcome
@@ -731,6 +735,7 @@ async def _count_unknown(ctx: Context, run: Mapping[str, Any]) -> list[str] | No
         return tools
     except Exception as e:
         log.warning("event=store-fill-failed run=%s error=%r", meta["name"], e)
+        metrics.STORE_ERRORS.labels("count_tools").inc()
         return None
 
 
@@ -773,6 +778,7 @@ async def _cancel(ctx: Context, run: Mapping[str, Any]) -> float | None:
                                    Reason.CANCELLED, "Deleted before it started.", [])
             except Exception as e:
                 log.warning("event=store-cancel-failed run=%s error=%r", meta["name"], e)
+                metrics.STORE_ERRORS.labels("cancel").inc()
                 tools = None
     else:
         await ctx.kube.delete_pod(meta["namespace"], pod_name(meta["name"], attempt))
@@ -789,6 +795,7 @@ async def _cancel(ctx: Context, run: Mapping[str, Any]) -> float | None:
                 await store.set_tools_executed(ctx.engine, meta["uid"], attempt, tools)
         except Exception as e:
             log.warning("event=store-cancel-failed run=%s error=%r", meta["name"], e)
+            metrics.STORE_ERRORS.labels("cancel").inc()
             tools = None
     if tools is None:
         return UNKNOWN_TOOLS_RETRY  # the store cannot be read: keep the finalizer
@@ -806,6 +813,7 @@ async def work(ctx: Context, reconcile_replay: Any) -> None:
     while True:
         key = await ctx.queue.get()
         kind, namespace, name = key
+        started, result = time.perf_counter(), "ok"
         try:
             if kind == "run":
                 again = await reconcile_run(ctx, namespace, name)
@@ -816,10 +824,11 @@ async def work(ctx: Context, reconcile_replay: Any) -> None:
             raise
         except Conflict:
             # A newer write won: the watch brings that state; look again soon anyway.
-            again = 0.2
+            again, result = 0.2, "conflict"
         except Exception:
             log.exception("event=reconcile-failed kind=%s object=%s/%s", kind, namespace, name)
-            again = ctx.queue.failed(key)
+            again, result = ctx.queue.failed(key), "error"
+        metrics.RECONCILE_DURATION.labels(kind, result).observe(time.perf_counter() - started)
         ctx.queue.done(key)
         if again is not None:
             ctx.queue.add_after(key, again)

@@ -29,7 +29,7 @@ from agentrun.vocabulary import (
     ReplayReason,
     RunStatus,
 )
-from agentrun_operator import events
+from agentrun_operator import events, metrics
 from agentrun_operator import status as st
 from agentrun_operator.decide import (
     Decision,
@@ -188,6 +188,7 @@ async def reconcile(ctx: Context, replay: Mapping[str, Any]) -> float | None:
     _log(replay, decision, new_name if decision.approved else None)
     await _write_status(ctx, replay, decision, facts, tools,
                         new_name if decision.approved else None)
+    metrics.REPLAY_DECISIONS.labels(decision.phase, decision.reason).inc()
     events.post(replay, decision.reason, decision.message
                 + (f" Created AgentRun {new_name}." if decision.approved else ""),
                 warning=not decision.approved)
@@ -225,6 +226,7 @@ async def _run_not_created(
     failed = Decision(ReplayPhase.REFUSED if permanent else ReplayPhase.PENDING,
                       ReplayReason.RUN_CREATION_FAILED, message)
     await _write_status(ctx, replay, failed, facts, tools, None, condition_status="Unknown")
+    metrics.REPLAY_DECISIONS.labels(failed.phase, failed.reason).inc()
     events.post(replay, ReplayReason.RUN_CREATION_FAILED, message, warning=True)
     log.warning("event=replay-run-not-created replay=%s/%s status=%s message=%r",
                 meta["namespace"], meta["name"], status, said)

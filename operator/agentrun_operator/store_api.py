@@ -58,6 +58,7 @@ from agentrun.vocabulary import (
     LedgerOutcome,
     RunStatus,
 )
+from agentrun_operator import logs, metrics
 
 log = logging.getLogger("agentrun.store_api")
 
@@ -247,8 +248,10 @@ class Readiness:
             await asyncio.sleep(interval)
 
 
-def _route(authority: Authority, readiness: Readiness, handler: Handler) -> Callable[
-        [web.Request], Awaitable[web.StreamResponse]]:
+def _route(authority: Authority, readiness: Readiness, handler: Handler,
+           ledger: str = "") -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """`handler` behind authentication and the store's readiness; `ledger`: the ledger
+    write it is (its handling time is measured)."""
     async def serve(request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
         caller: Caller | None = None
@@ -267,10 +270,13 @@ def _route(authority: Authority, readiness: Readiness, handler: Handler) -> Call
             response = web.json_response({"error": f"the body is not JSON: {e}"}, status=400)
         except Exception as e:  # the store may be down: say so, the runner decides
             log.exception("event=store-api-failed path=%s", request.path)
+            metrics.STORE_ERRORS.labels(handler.__name__).inc()
             response = web.json_response(
                 {"error": f"the run store could not serve {request.path}: "
                           f"{type(e).__name__}: {e}"}, status=503)
         elapsed = time.perf_counter() - started
+        if ledger:
+            metrics.LEDGER_WRITE_DURATION.labels(ledger, str(response.status)).observe(elapsed)
         response.headers["Server-Timing"] = f"store;dur={elapsed * 1000:.2f}"
         return response
 
@@ -548,8 +554,9 @@ def application(authority: Authority, routes: Routes,
             return web.json_response({"ok": False, "error": ready.why}, status=503)
         return web.json_response({"ok": True})
 
-    def on(handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-        return _route(authority, ready, handler)
+    def on(handler: Handler, ledger: str = "") -> Callable[
+            [web.Request], Awaitable[web.StreamResponse]]:
+        return _route(authority, ready, handler, ledger)
 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/attempt", on(routes.whoami))
@@ -564,8 +571,8 @@ def application(authority: Authority, routes: Routes,
     app.router.add_post("/v1/sessions/{session}/events", on(routes.append_event))
     app.router.add_get("/v1/ledger", on(routes.ledger))
     app.router.add_get("/v1/journal", on(routes.journal))
-    app.router.add_post("/v1/ledger", on(routes.open_call))
-    app.router.add_post("/v1/ledger/{seq}/close", on(routes.close_call))
+    app.router.add_post("/v1/ledger", on(routes.open_call, "open"))
+    app.router.add_post("/v1/ledger/{seq}/close", on(routes.close_call, "close"))
     app.router.add_post("/v1/memory/events", on(routes.add_memory))
     app.router.add_post("/v1/memory/search", on(routes.search_memory))
     app.router.add_post("/v1/outbox", on(routes.record_side_effect))
@@ -638,20 +645,20 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="serve runner pods of this namespace only (repeatable; default all)")
     p.add_argument("--metrics-port", type=int,
                    default=int(os.environ.get("AGENTRUN_METRICS_PORT", "0")))
+    p.add_argument("--log-format", choices=logs.FORMATS,
+                   default=os.environ.get("AGENTRUN_LOG_FORMAT", "text"),
+                   help="text (key=value) or json (one object per line)")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    logs.configure(args.log_format)
     if not store.is_durable(args.database_url):
         print("agentrun-store-api: set --database-url (or DATABASE_URL) to the run store",
               file=sys.stderr)
         return 2
     from kubernetes import config as kube_config
-
-    from agentrun_operator import metrics
 
     try:
         kube_config.load_incluster_config()
