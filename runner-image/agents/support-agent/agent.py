@@ -66,6 +66,22 @@ async def charge_card(customer: str, amount: float, delay_seconds: float = 0) ->
     return {"status": "charged", "customer": customer, "amount": amount}
 
 
+# What load_history holds on to while the run lasts.
+_loaded: list[bytearray] = []
+
+
+@effects.read_only
+async def load_history(customer: str, megabytes: int = 1) -> dict:
+    """Loads a customer's case history into memory (`megabytes` of it) and keeps it for
+    the rest of the run: a tool whose memory use a pod's limit may not allow."""
+    chunk = 1 << 20
+    for _ in range(int(megabytes)):
+        block = bytearray(chunk)
+        block[::4096] = b"x" * (chunk // 4096)  # touch every page: resident, not reserved
+        _loaded.append(block)
+    return {"customer": customer, "loaded_mb": int(megabytes)}
+
+
 root_agent = LlmAgent(
     name="support_agent",
     model="gemini-2.5-flash",
@@ -75,5 +91,5 @@ root_agent = LlmAgent(
         "decide what to do, email the customer with send_email when an answer is needed, "
         "record the case status with update_crm, then summarise what you did in one sentence."
     ),
-    tools=[read_message, send_email, update_crm, charge_card],
+    tools=[read_message, send_email, update_crm, charge_card, load_history],
 )
