@@ -426,8 +426,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not config.store_url or not config.token_file:
         return _refuse(RunnerExit.NO_DURABLE_STORE, "refused.no_durable_store",
                        NO_DURABLE_STORE_MESSAGE)
+    # Who the runner is and what it may write, as the container sees it (the restricted
+    # security context: not root, a read-only root filesystem).
     logs.info("runner.start", uid=config.run_uid, session=config.session_id,
-              trigger=config.trigger, input=config.input_digest)
+              trigger=config.trigger, input=config.input_digest, process_uid=os.getuid(),
+              root_read_only=bool(os.statvfs("/").f_flag & os.ST_RDONLY))
     code = asyncio.run(run_attempt(config))
     logs.info("runner.exit", exit_code=code)
     if _refused:
