@@ -92,16 +92,19 @@ LEDGER_WRITE_DURATION = Histogram(
 
 
 class _Caches(Collector):
-    """Gauges read from the operator's caches at scrape time (nothing to keep in step)."""
+    """Gauges read from the operator's caches at scrape time (nothing to keep in step);
+    none until `watch` says where from (the store API on its own has no caches)."""
 
     def __init__(self) -> None:
-        self.runs: Callable[[], Iterable[Mapping[str, Any]]] = list
+        self.runs: Callable[[], Iterable[Mapping[str, Any]]] | None = None
         self.depth: Callable[[], int] = lambda: 0
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return self._families({}, 0)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        if self.runs is None:
+            return iter(())
         phases = Tally(str((r.get("status") or {}).get("phase") or Phase.PENDING)
                        for r in list(self.runs()))
         return self._families(phases, self.depth())

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 from agentrun_operator import config, logs, store_api
 
 
