@@ -111,9 +111,11 @@ images: venv ## build the operator, runner and trial-Postgres images as OCI arch
 	$(PY) -m agentrun_devtools.images --operator $(IMG_OPERATOR) --runner $(IMG_RUNNER) \
 		--postgres $(IMG_POSTGRES)
 
+# Needs root (containerd, kubelet, the pod network); fails, never skips, where it cannot run.
 .PHONY: test-e2e
-test-e2e: ## kind-based end-to-end test (skips where Docker is absent)
-	@bash devtools/e2e-kind.sh
+test-e2e: venv controlplane ## end to end: the images, make install and helm install on a real node (containerd + kubelet)
+	bash devtools/realnode/build.sh
+	$(VENV)/bin/pytest e2e -v -s -p no:cacheprovider $(PYTEST_ARGS)
 
 # BENCH_QUICK=1: a quick pass at small sizes (the figures are not the goals' sizes).
 BENCH_TRIALS := $(or $(TRIALS),$(if $(BENCH_QUICK),10,30))

@@ -1,0 +1,230 @@
+"""The promises, with real containers on a real kubelet (see conftest.py for the cluster).
+
+In order: a run that sends an email and is evicted mid-tool (Failed Evicted, its replay
+refused, forced by someone allowed to, the replay succeeds, two emails in the store); the
+restricted security context in force inside the runner; a runner killed by the kernel
+for its memory limit (OOMKilled); an image that cannot be pulled (ImagePullFailed, no
+tool ran); the same thing in two tenants' namespaces; `helm upgrade` keeping every run;
+`helm uninstall` keeping the store's data.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import time
+from typing import Any
+
+import pytest
+from agentrun_devtools.controlplane import REPO
+
+from e2e.conftest import RELEASE_NAMESPACE, Cluster
+
+pytestmark = pytest.mark.realnode
+
+EMAIL = {"to": "customer-42@example.com", "body": "Your refund is on its way."}
+
+
+def run_manifest(name: str, script: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun",
+            "metadata": {"name": name},
+            "spec": {"agent": "support-agent", "userId": "customer-42", "model": "scripted",
+                     "input": {"text": "Customer 42 asks for a refund of order 42."},
+                     "env": [{"name": "AGENTRUN_SCRIPT", "value": json.dumps(script)}],
+                     **spec}}
+
+
+def replay_manifest(name: str, run: str) -> dict[str, Any]:
+    return {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRunReplay",
+            "metadata": {"name": name}, "spec": {"runName": run}}
+
+
+def evict(cluster: Cluster, namespace: str, pod: str) -> float:
+    """Calls the Eviction API; returns when it answered (monotonic)."""
+    body = {"apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": pod, "namespace": namespace}}
+    cluster.kubectl("create", "--raw", f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction",
+                    "-f", "-", input=json.dumps(body))
+    return time.monotonic()
+
+
+def emails(cluster: Cluster, *runs: str) -> int:
+    rows = cluster.query("SELECT count(*) FROM sample_outbox WHERE tool = 'send_email' "
+                         "AND run_name = ANY(%s)", list(runs))
+    return int(rows[0][0])
+
+
+def pod_log(cluster: Cluster, namespace: str, pod: str) -> str:
+    return cluster.kubectl("logs", "-n", namespace, pod, check=False).stdout
+
+
+def test_evicted_mid_tool_refused_then_forced(cluster: Cluster) -> None:
+    ns = "shop"
+    script = [{"call": "send_email", "args": {**EMAIL, "delay_seconds": 60}},
+              {"text": "Told the customer."}]
+    cluster.apply(ns, run_manifest("refund-42", script), as_user="alice")
+    cluster.wait_phase("agentrun", "refund-42", ns, ("Running",), timeout=240)
+    cluster.wait("the email in the store", lambda: emails(cluster, "refund-42") == 1,
+                 timeout=120)
+    evict(cluster, ns, "refund-42-1")
+    run = cluster.wait_phase("agentrun", "refund-42", ns, ("Failed", "Succeeded"))
+    assert (run["status"]["phase"], run["status"]["reason"]) == ("Failed", "Evicted"), \
+        run["status"]
+    assert run["status"]["toolsExecuted"] == ["send_email"]
+
+    cluster.apply(ns, replay_manifest("refund-42-again", "refund-42"), as_user="alice")
+    replay = cluster.wait_phase("agentrunreplay", "refund-42-again", ns,
+                                ("Refused", "Approved"))
+    assert replay["status"]["phase"] == "Refused", replay["status"]
+    denied = cluster.kubectl("annotate", "agentrunreplay", "refund-42-again", "-n", ns,
+                             "agentrun.dev/force-replay=true", as_user="alice", check=False)
+    assert denied.returncode != 0 and "force" in denied.stderr, denied.stderr
+    cluster.kubectl("annotate", "agentrunreplay", "refund-42-again", "-n", ns,
+                    "agentrun.dev/force-replay=true", as_user="olga")
+    replay = cluster.wait_phase("agentrunreplay", "refund-42-again", ns, ("Approved",))
+    again = replay["status"]["replayRunName"]
+    # The replay run's script is the original's: send_email waits 60 s before answering.
+    done = cluster.wait_phase("agentrun", again, ns, ("Succeeded", "Failed"), timeout=300)
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    assert emails(cluster, "refund-42", again) == 2, "one by the run, one by its forced replay"
+
+
+def test_runner_is_not_root_and_its_root_filesystem_is_read_only(cluster: Cluster) -> None:
+    ns = "shop"
+    cluster.apply(ns, run_manifest("hello-1", [{"text": "Hello."}]), as_user="alice")
+    run = cluster.wait_phase("agentrun", "hello-1", ns, ("Succeeded", "Failed"), timeout=240)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    log = pod_log(cluster, ns, "hello-1-1")
+    start = next((line for line in log.splitlines() if "event=runner.start" in line), "")
+    assert start, f"no runner.start line in the runner's log:\n{log[-2000:]}"
+    fields = dict(part.split("=", 1) for part in start.split() if "=" in part)
+    assert fields["process_uid"] != "0", start
+    assert fields["root_read_only"] == "True", start
+
+
+def test_over_its_memory_limit_the_runner_is_oom_killed(cluster: Cluster) -> None:
+    ns = "shop"
+    script = [{"call": "load_history", "args": {"customer": "c42", "megabytes": 1024}},
+              {"text": "Loaded."}]
+    cluster.apply(ns, run_manifest("big-history", script, resources={
+        "limits": {"memory": "320Mi"}, "requests": {"memory": "320Mi"}}), as_user="alice")
+    run = cluster.wait_phase("agentrun", "big-history", ns, ("Failed", "Succeeded"),
+                             timeout=300)
+    assert (run["status"]["phase"], run["status"]["reason"]) == ("Failed", "OOMKilled"), \
+        run["status"]
+    pod = cluster.get("pod", "big-history-1", ns)
+    terminated = pod["status"]["containerStatuses"][0]["state"].get("terminated") or \
+        pod["status"]["containerStatuses"][0]["lastState"].get("terminated") or {}
+    assert terminated.get("reason") == "OOMKilled", pod["status"]
+
+
+def test_an_image_that_cannot_be_pulled(cluster: Cluster) -> None:
+    ns = "shop"
+    # A registry on a loopback port nothing listens on: the pull is refused at once.
+    cluster.apply(ns, run_manifest("no-image", [{"text": "never"}],
+                                   image="127.0.0.1:9/agentrun/missing:1"))
+    run = cluster.wait_phase("agentrun", "no-image", ns, ("Failed", "Succeeded"), timeout=300)
+    assert (run["status"]["phase"], run["status"]["reason"]) == ("Failed", "ImagePullFailed"), \
+        run["status"]
+    assert run["status"]["toolsExecuted"] == []
+
+
+def test_tenants_see_and_touch_only_their_own(cluster: Cluster) -> None:
+    cluster.apply("bank", run_manifest("statement-1", [{"text": "Done."}]), as_user="bob")
+    run = cluster.wait_phase("agentrun", "statement-1", "bank", ("Succeeded", "Failed"),
+                             timeout=240)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    for user, other in (("alice", "bank"), ("bob", "shop")):
+        listed = cluster.kubectl("get", "agentruns", "-n", other, as_user=user, check=False)
+        assert listed.returncode != 0 and "forbidden" in listed.stderr, (user, listed.stderr)
+        replay = cluster.kubectl("apply", "-n", other, "-f", "-", as_user=user, check=False,
+                                 input=json.dumps(replay_manifest("peek", "statement-1")))
+        assert replay.returncode != 0 and "forbidden" in replay.stderr, (user, replay.stderr)
+
+
+def test_eviction_latency_beside_the_job_controller(cluster: Cluster) -> None:
+    """10 evictions of each, timed from the Eviction API's answer to the terminal status
+    (the figures are printed; the assertion is that every one ended as evicted)."""
+    ns = "shop"
+    ours: list[float] = []
+    jobs: list[float] = []
+    for i in range(10):
+        name = f"lat-{i}"
+        cluster.apply(ns, run_manifest(name, [{"call": "send_email", "args": {
+            **EMAIL, "delay_seconds": 300}}, {"text": "x"}]))
+        cluster.wait_phase("agentrun", name, ns, ("Running",), timeout=240)
+        cluster.wait("email recorded", lambda n=name: emails(cluster, n) == 1, timeout=120)
+        said = evict(cluster, ns, f"{name}-1")
+        run = cluster.wait_phase("agentrun", name, ns, ("Failed",), timeout=60)
+        ours.append(time.monotonic() - said)
+        assert run["status"]["reason"] == "Evicted", run["status"]
+
+        job = f"job-{i}"
+        cluster.apply(ns, {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": job},
+                           "spec": {"backoffLimit": 0, "podFailurePolicy": {"rules": [{
+                               "action": "FailJob", "onPodConditions": [
+                                   {"type": "DisruptionTarget"}]}]},
+                               "template": {"spec": {"restartPolicy": "Never", "containers": [{
+                                   "name": "c", "image": "agentrun/runner:dev",
+                                   "command": ["sleep", "300"]}]}}}})
+        pod = ""
+
+        def running(j: str = job) -> bool:
+            nonlocal pod
+            listed = json.loads(cluster.kubectl("get", "pods", "-n", ns, "-l",
+                                                f"job-name={j}", "-o", "json").stdout)
+            for p in listed["items"]:
+                if (p.get("status") or {}).get("phase") == "Running":
+                    pod = p["metadata"]["name"]
+                    return True
+            return False
+
+        cluster.wait("job pod running", running, timeout=120)
+        said = evict(cluster, ns, pod)
+        cluster.wait("job failed", lambda j=job: (cluster.get("job", j, ns).get("status") or {})
+                     .get("failed", 0) >= 1, timeout=120)
+        jobs.append(time.monotonic() - said)
+    q_ours, q_jobs = statistics.quantiles(ours, n=20), statistics.quantiles(jobs, n=20)
+    print(f"\nreal node, eviction -> terminal status, 10 each: agentrun p50 "
+          f"{statistics.median(ours) * 1000:.0f} ms p95 {q_ours[18] * 1000:.0f} ms; Job "
+          f"(podFailurePolicy) p50 {statistics.median(jobs) * 1000:.0f} ms p95 "
+          f"{q_jobs[18] * 1000:.0f} ms; ratio p50 "
+          f"{statistics.median(ours) / statistics.median(jobs):.2f}")
+    assert len(ours) == len(jobs) == 10
+
+
+def test_helm_upgrade_keeps_every_run(cluster: Cluster) -> None:
+    before = {(r["metadata"]["namespace"], r["metadata"]["name"]): r["metadata"]["uid"]
+              for r in json.loads(cluster.kubectl("get", "agentruns", "-A", "-o",
+                                                  "json").stdout)["items"]}
+    assert len(before) >= 5
+    stored = cluster.query("SELECT count(*) FROM runs")[0][0]
+    done = subprocess.run(
+        ["helm", "upgrade", "agentrun", "charts/agentrun", "--namespace", RELEASE_NAMESPACE,
+         "--reuse-values", "--set", "operator.checkIntervalSeconds=120", "--wait",
+         "--timeout", "5m"], cwd=REPO, env=cluster.env, capture_output=True, text=True,
+        timeout=600)
+    assert done.returncode == 0, done.stderr
+    after = {(r["metadata"]["namespace"], r["metadata"]["name"]): r["metadata"]["uid"]
+             for r in json.loads(cluster.kubectl("get", "agentruns", "-A", "-o",
+                                                 "json").stdout)["items"]}
+    assert after == before
+    assert cluster.query("SELECT count(*) FROM runs")[0][0] == stored
+    # The upgraded operator still works: a new run succeeds.
+    cluster.apply("shop", run_manifest("after-upgrade", [{"text": "Still here."}]))
+    run = cluster.wait_phase("agentrun", "after-upgrade", "shop", ("Succeeded", "Failed"),
+                             timeout=240)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+
+
+def test_helm_uninstall_keeps_the_store(cluster: Cluster) -> None:
+    done = subprocess.run(["helm", "uninstall", "agentrun", "--namespace", RELEASE_NAMESPACE,
+                           "--wait", "--timeout", "5m"], cwd=REPO, env=cluster.env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    pvcs = json.loads(cluster.kubectl("get", "pvc", "-n", RELEASE_NAMESPACE, "-o",
+                                      "json").stdout)["items"]
+    assert [p["metadata"]["name"] for p in pvcs] == ["data-agentrun-postgres-0"], pvcs
+    secret = cluster.get("secret", "agentrun-postgres", RELEASE_NAMESPACE)
+    assert secret, "the generated Postgres password is kept with the data"
