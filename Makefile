@@ -134,3 +134,13 @@ bench: venv controlplane ## benchmarks: ledger cost; eviction latency idle and u
 	$(PY) bench/throughput.py --n $(BENCH_N) $(BENCH_OUT)
 	$(PY) bench/scale.py --levels $(BENCH_LEVELS) $(BENCH_OUT)
 	$(PY) bench/resume.py --trials $(if $(BENCH_QUICK),5,20) $(BENCH_OUT)
+
+# The chaos soak (not part of `make test`): SOAK_RUNS runs under seeded faults, then the
+# invariant checker; exits non-zero when a must-be-0 figure is not 0. SOAK_STORE=sqlite for
+# the embedded store; the figures go to bench/results/soak-<store>-<date>.txt.
+SOAK_RUNS ?= 200
+SOAK_SEED ?= 1
+SOAK_STORE ?= postgres
+.PHONY: soak
+soak: venv controlplane ## the chaos soak: many runs under operator kills, evictions, node loss, store restarts; prints the invariant figures
+	$(PY) bench/soak.py --store $(SOAK_STORE) --runs $(SOAK_RUNS) --seed $(SOAK_SEED)
