@@ -1,21 +1,33 @@
 # The operator image: agentrun-operator (kopf). Build from the repository root:
 #   docker build -t agentrun/operator:dev .        (or: make docker-build)
-FROM python:3.11-slim AS build
+# `make images` builds it without a Docker engine, on a Debian bookworm base made from
+# Debian packages (BASE_IMAGE); any base with python3 >= 3.11 and its venv module will do.
+#
+# Runs as a non-root user and writes nothing to its root filesystem (bytecode is compiled
+# at build time, HOME and TMPDIR point at /tmp), so `readOnlyRootFilesystem: true` works
+# with an emptyDir at /tmp.
+ARG BASE_IMAGE=python:3.11-slim
+
+FROM ${BASE_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY agentrun ./agentrun
 COPY operator ./operator
 COPY runner-image/agentrun_runner ./runner-image/agentrun_runner
-RUN python -m venv /opt/agentrun \
+RUN python3 -m venv /opt/agentrun \
  && /opt/agentrun/bin/pip install . \
- && /opt/agentrun/bin/python -m compileall -q /opt/agentrun
+ && /opt/agentrun/bin/python3 -m compileall -q /opt/agentrun
 
-FROM python:3.11-slim
+FROM ${BASE_IMAGE}
 RUN groupadd --gid 10001 agentrun \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin agentrun
 COPY --from=build /opt/agentrun /opt/agentrun
-ENV PATH=/opt/agentrun/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp
+ENV PATH=/opt/agentrun/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/tmp \
+    TMPDIR=/tmp
 USER 10001:10001
 WORKDIR /tmp
 EXPOSE 8080 9090

@@ -107,8 +107,9 @@ docker-build: ## build the operator and runner images (needs a Docker engine)
 	docker build -t $(IMG_RUNNER) -f runner-image/Dockerfile .
 
 .PHONY: images
-images: venv ## build the operator, runner and trial-Postgres images as OCI archives (no Docker engine, no registry)
-	$(PY) -m agentrun_devtools.images --operator $(IMG_OPERATOR) --runner $(IMG_RUNNER) \
+# Standard library only: no .venv needed. Archives in $${AGENTRUN_CACHE:-~/.cache/agentrun}/images/archives.
+images: ## build the operator, runner and trial-Postgres images as OCI archives (no Docker engine, no registry)
+	$(PYTHON) -m agentrun_devtools.images --operator $(IMG_OPERATOR) --runner $(IMG_RUNNER) \
 		--postgres $(IMG_POSTGRES)
 
 # Needs root (containerd, kubelet, the pod network); fails, never skips, where it cannot run.
