@@ -1,14 +1,17 @@
 """`make dev-cluster` / `make dev-cluster-down`: the development cluster in the background.
 
-    python -m agentrun_devtools.cluster up   [--state .local]
+    python -m agentrun_devtools.cluster up   [--state .local] [--node dev|real]
     python -m agentrun_devtools.cluster down [--state .local]
     python -m agentrun_devtools.cluster status
 
 `up` starts a supervisor process in the background that runs the control plane (etcd,
-kube-apiserver, kube-controller-manager, kube-scheduler) and the development node, writes
-the admin kubeconfig to .local/kubeconfig and links kubectl and helm into .local/bin/.
-Running `up` twice is harmless. `down` stops the supervisor (which stops everything it
-started) and removes the cluster's state, including the embedded store .local/agentrun.db.
+kube-apiserver, kube-controller-manager, kube-scheduler) and a node, writes the admin
+kubeconfig to .local/kubeconfig and links kubectl and helm into .local/bin/. The node is
+the development node `dev-node` by default; with `--node real`, the real node `real-node`
+(containerd, kubelet, kube-proxy, CoreDNS: agentrun_devtools.realnode, state in
+.local/realnode). Running `up` twice is harmless. `down` stops the supervisor (which stops
+everything it started), undoes what a real node left on the host if the supervisor could
+not, and removes the cluster's state, including the embedded store .local/agentrun.db.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import threading
 import time
 from pathlib import Path
 
+from agentrun_devtools import realnode
 from agentrun_devtools.controlplane import REPO, ControlPlane, binaries
 from agentrun_devtools.processes import Child, ProcessDied, pids_alive, wait_for
 
@@ -86,6 +90,7 @@ class _Paths:
         self.store = state / "agentrun.db"
         self.operator_pid = state / "operator.pid"
         self.operator_log = state / "operator.log"
+        self.realnode = state / "realnode"
 
 
 def _running(paths: _Paths) -> int | None:
@@ -96,13 +101,14 @@ def _running(paths: _Paths) -> int | None:
     return pid if pids_alive([pid]) else None
 
 
-def serve(paths: _Paths) -> None:
+def serve(paths: _Paths, node_kind: str = "dev") -> None:
     """The supervisor: runs everything until SIGTERM, then stops everything."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     plane = ControlPlane(paths.cluster).start()
     node: Child | None = None
+    real: realnode.RealNode | None = None
     try:
         for source, target in ((plane.kubeconfig, paths.kubeconfig),
                                (plane.operator_kubeconfig, paths.operator_kubeconfig)):
@@ -114,12 +120,18 @@ def serve(paths: _Paths) -> None:
             with contextlib.suppress(FileNotFoundError):
                 link.unlink()
             link.symlink_to(plane.bin / tool)
-        node = start_dev_node(plane, paths.pods)
+        if node_kind == "real":
+            real = realnode.RealNode(plane, paths.realnode).start()
+            print(f"real node {real.name} Ready in {real.startup_seconds:.1f}s", flush=True)
+        else:
+            node = start_dev_node(plane, paths.pods)
         paths.ready.write_text(f"{plane.server}\n")
         print(f"control plane ready in {plane.startup_seconds:.1f}s at {plane.server}",
               flush=True)
         while not stop.wait(1.0):
-            for child in [*plane.children, node]:
+            watched = [*plane.children, *([node] if node else []),
+                       *(real.children if real else [])]
+            for child in watched:
                 if not child.alive():
                     print(f"{child.name} exited:\n{child.log_tail()}", flush=True)
                     stop.set()
@@ -127,10 +139,12 @@ def serve(paths: _Paths) -> None:
         paths.ready.unlink(missing_ok=True)
         if node is not None:
             node.stop()
+        if real is not None:
+            real.stop(check=False)
         plane.stop()
 
 
-def up(paths: _Paths) -> int:
+def up(paths: _Paths, node_kind: str = "dev") -> int:
     if _running(paths) and paths.ready.exists():
         print(f"development cluster already running; KUBECONFIG={paths.kubeconfig}")
         return 0
@@ -138,11 +152,18 @@ def up(paths: _Paths) -> int:
         down(paths)
     paths.state.mkdir(parents=True, exist_ok=True)
     bin_dir = binaries()  # build (or find cached) binaries in the foreground, with output
+    node_args = []
+    if node_kind == "real":
+        reason = realnode.unavailable()
+        if reason:
+            print(f"no real node here: {reason}", file=sys.stderr)
+            return 1
+        node_args = ["--node=real", f"--realnode-bin-dir={realnode.binaries()}"]
     began = time.monotonic()
     with open(paths.log, "ab") as log:
         supervisor = subprocess.Popen(
             [sys.executable, "-m", "agentrun_devtools.cluster", "serve",
-             f"--state={paths.state}", f"--bin-dir={bin_dir}"],
+             f"--state={paths.state}", f"--bin-dir={bin_dir}", *node_args],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env=devtools_env(),
         )
@@ -154,9 +175,11 @@ def up(paths: _Paths) -> int:
                                + "\n".join(paths.log.read_text().splitlines()[-30:]))
         return paths.ready.exists()
 
-    wait_for(ready, timeout=180, what="development cluster", interval=0.25)
+    wait_for(ready, timeout=300 if node_kind == "real" else 180,
+             what="development cluster", interval=0.25)
+    node_name = realnode.NODE_NAME if node_kind == "real" else "dev-node"
     print(f"development cluster up in {time.monotonic() - began:.1f}s "
-          f"(control plane, scheduler, controller manager, node dev-node)")
+          f"(control plane, scheduler, controller manager, node {node_name})")
     print(f"  export KUBECONFIG={paths.kubeconfig}")
     print(f"  export PATH={paths.bin}:$PATH")
     return 0
@@ -177,7 +200,13 @@ def down(paths: _Paths) -> int:
     _stop_operator(paths)
     pid = _running(paths)
     if pid:
-        stop_pid(pid, timeout=60, what="cluster shutdown", group=True)
+        stop_pid(pid, timeout=90, what="cluster shutdown", group=True)
+    if paths.realnode.exists():
+        # The supervisor undoes the real node's host changes itself; this is for the
+        # one that was killed before it could.
+        realnode.cleanup(paths.realnode)
+        for line in realnode.leftovers(paths.realnode):
+            print(f"the real node left: {line}", file=sys.stderr)
     for path in (paths.cluster, paths.pods, paths.bin):
         shutil.rmtree(path, ignore_errors=True)
     for path in (paths.kubeconfig, paths.operator_kubeconfig, paths.pid, paths.ready, paths.store,
@@ -191,17 +220,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="the agentrun development cluster")
     parser.add_argument("command", choices=["up", "down", "status", "serve"])
     parser.add_argument("--state", type=Path, default=DEFAULT_STATE)
+    parser.add_argument("--node", choices=["dev", "real"], default="dev",
+                        help="dev: the development node (default); real: containerd + kubelet")
     parser.add_argument("--bin-dir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--realnode-bin-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     paths = _Paths(args.state.resolve())
     if args.command == "up":
-        return up(paths)
+        return up(paths, args.node)
     if args.command == "down":
         return down(paths)
     if args.command == "serve":
         if args.bin_dir:
             os.environ["AGENTRUN_CONTROLPLANE_BIN"] = str(args.bin_dir)
-        serve(paths)
+        if args.realnode_bin_dir:
+            os.environ["AGENTRUN_REALNODE_BIN"] = str(args.realnode_bin_dir)
+        serve(paths, args.node)
         return 0
     running = _running(paths) and paths.ready.exists()
     print("running" if running else "not running")

@@ -63,6 +63,7 @@ class ControlPlane:
         self.operator_kubeconfig = self.root / "operator.kubeconfig"
         self.port = 0
         self.startup_seconds = 0.0
+        self.pki: PKI | None = None
 
     @property
     def server(self) -> str:
@@ -85,7 +86,7 @@ class ControlPlane:
 
     def _start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        pki = PKI(self.root / "pki")
+        pki = self.pki = PKI(self.root / "pki")
         serving = pki.issue(
             "apiserver", "kube-apiserver", server=True,
             hosts=("127.0.0.1", "localhost", "10.0.0.1", "kubernetes",
@@ -96,6 +97,9 @@ class ControlPlane:
         # agentrun:operators set spec.replayOf (in a cluster: its ServiceAccount).
         operator = pki.issue("operator", "agentrun-operator",
                              organizations=("system:masters", "agentrun:operators"))
+        # What the API server shows a kubelet (logs, exec) on a real node.
+        kubelet_client = pki.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client",
+                                   organizations=("system:masters",))
         sa_public, sa_private = pki.service_account_keys()
 
         etcd_port, etcd_peer = free_port(), free_port()
@@ -123,7 +127,15 @@ class ControlPlane:
             f"--secure-port={self.port}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
-            "--authorization-mode=RBAC",
+            # Node + NodeRestriction: a real kubelet (devtools/agentrun_devtools/realnode.py)
+            # acts as system:node:<name> and may touch only its own Node and pods. The
+            # development node acts as the admin and is not affected.
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            f"--kubelet-client-certificate={kubelet_client[0]}",
+            f"--kubelet-client-key={kubelet_client[1]}",
+            # A real node's Hostname address is its node name, which nothing resolves.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             "--service-cluster-ip-range=10.0.0.0/24",
             "--allow-privileged=true",
             "--service-account-issuer=https://kubernetes.default.svc",
@@ -174,6 +186,20 @@ class ControlPlane:
 
     def pids(self) -> list[int]:
         return [c.pid for c in self.children]
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.root / "pki" / "ca.crt"
+
+    def issue_kubeconfig(self, stem: str, user: str, groups: tuple[str, ...] = ()) -> Path:
+        """A kubeconfig (<root>/<stem>.kubeconfig) with a client certificate from this
+        plane's CA for `user` in `groups`, e.g. a kubelet's system:node:<name>."""
+        if self.pki is None:
+            raise RuntimeError("the control plane has not been started")
+        path = self.root / f"{stem}.kubeconfig"
+        self._write_kubeconfig(path, self.pki.issue(stem, user, organizations=groups),
+                               self.pki.ca_cert)
+        return path
 
     # -- clients -------------------------------------------------------------------
 
