@@ -319,15 +319,21 @@ class RealNode:
     of `plane`."""
 
     def __init__(self, plane: ControlPlane, root: Path | None = None, *,
-                 bin_dir: Path | None = None, ready_timeout: float = 120) -> None:
+                 bin_dir: Path | None = None, ready_timeout: float = 120,
+                 lock_wait: float = 0) -> None:
         self.plane = plane
         self.root = (root or Path(tempfile.mkdtemp(prefix="agentrun-node-"))).resolve()
         self.bin = bin_dir or binaries()
         self.ready_timeout = ready_timeout
+        # How long start waits for another real node on this machine to stop.
+        self.lock_wait = lock_wait
         self.name = NODE_NAME
         self.children: list[Child] = []
         self.socket = self.root / "containerd" / "containerd.sock"
         self.startup_seconds = 0.0
+        # The host as start found it, once it held the machine (for checks after stop).
+        self.sysctls_before: dict[str, str | None] = {}
+        self.paths_before: dict[str, bool] = {}
         self._lock: IO[str] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -349,15 +355,21 @@ class RealNode:
     def stop(self, *, check: bool = True) -> None:
         """Stops every process and undoes every host change, then removes the state
         directory. Raises RuntimeError naming what was left behind (with `check`)."""
+        if self._lock is None:
+            # Never started (e.g. another real node holds the machine): the host's bridge,
+            # chains and pods are not ours to undo.
+            for child in self.children:
+                child.stop()
+            self.children.clear()
+            return
         # The Node goes first, so that the control plane forgets its pods at once.
         if self.plane.pki is not None and self.plane.port:
             self.plane.kubectl("delete", "node", self.name, "--ignore-not-found",
                                "--wait=false", check=False, timeout=20)
-        cleanup(self.root, self.bin, self.children)
+        cleanup(self.root, self.bin, self.children, locked=True)
         self.children.clear()
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
+        self._lock.close()
+        self._lock = None
         if check:
             left = leftovers(self.root)
             if left:
@@ -384,7 +396,7 @@ class RealNode:
     def _start(self) -> None:
         if self.plane.pki is None:
             raise RuntimeError("the control plane is not running")
-        self._lock = _take_lock(self.root)
+        self._lock = _take_lock(self.root, self.lock_wait)
         self.root.mkdir(parents=True, exist_ok=True)
         for family in ("iptables", "ip6tables"):
             if _chains(family):
@@ -397,7 +409,9 @@ class RealNode:
 
         record = _Record(self.root / "host.json")
         record.set("bin", str(self.bin))
-        record.set("sysctls", {name: _read_sysctl(name) for name in SYSCTLS})
+        record.set("sysctls", read_sysctls())
+        self.sysctls_before = record.get("sysctls")
+        self.paths_before = host_paths()
         record.set("created", [str(p) for p in (CONTAINERD_RUN, CONTAINER_LOGS,
                                                 KUBELET_DEFAULT_ROOT, CNI_CACHE)
                                if not p.exists()])
@@ -716,16 +730,24 @@ def _crictl(root: Path, bin_dir: Path) -> list[str]:
     return [str(bin_dir / "crictl"), f"--config={config}"]
 
 
-def _take_lock(root: Path) -> IO[str]:
+def _take_lock(root: Path, wait: float = 0) -> IO[str]:
+    """The machine's real-node lock, waiting up to `wait` seconds for it."""
     LOCK.parent.mkdir(parents=True, exist_ok=True)
     handle = open(LOCK, "a+")  # noqa: SIM115 - held until stop
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip()
-        handle.close()
-        raise RuntimeError(f"a real node is already running on this machine ({holder})") from None
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(1)
+                continue
+            handle.seek(0)
+            holder = handle.read().strip()
+            handle.close()
+            raise RuntimeError(
+                f"a real node is already running on this machine ({holder})") from None
     handle.seek(0)
     handle.truncate()
     handle.write(f"pid {os.getpid()} state {root}\n")
@@ -736,11 +758,17 @@ def _take_lock(root: Path) -> IO[str]:
 # -- teardown -------------------------------------------------------------------------
 
 
-def cleanup(root: Path, bin_dir: Path | None = None, children: Sequence[Child] = ()) -> None:
+def cleanup(root: Path, bin_dir: Path | None = None, children: Sequence[Child] = (), *,
+            locked: bool = False) -> None:
     """Undoes everything a real node with state directory `root` did on the host, whether
-    it is still running (its `children` given) or its owner died, then removes `root`.
-    Safe to run twice."""
+    it is still running (its `children` given, the machine's lock held: `locked`) or its
+    owner died, then removes `root`. Safe to run twice. Refuses (RuntimeError) while
+    another real node holds the machine: the bridge, chains and pods would be its own."""
     root = root.resolve()
+    if not locked:
+        with _take_lock(root):
+            cleanup(root, bin_dir, children, locked=True)
+        return
     record = _Record(root / "host.json")
     if bin_dir is None and record.get("bin"):
         bin_dir = Path(record.get("bin"))
@@ -864,6 +892,18 @@ def read_sysctls() -> dict[str, str | None]:
     return {name: _read_sysctl(name) for name in SYSCTLS}
 
 
+# Where containerd, kubelet and the CNI plugins write by default: each either is kept
+# under the state directory by the node's configuration or removed on stop.
+HOST_PATHS = ("/run/containerd", "/var/lib/containerd", "/var/log/containers",
+              "/var/log/pods", "/var/lib/kubelet", "/var/lib/cni", "/run/netns",
+              "/var/run/nri", "/opt/containerd", "/etc/containerd")
+
+
+def host_paths() -> dict[str, bool]:
+    """Which of HOST_PATHS exist."""
+    return {p: os.path.lexists(p) for p in HOST_PATHS}
+
+
 # -- command line ---------------------------------------------------------------------
 
 
@@ -894,7 +934,11 @@ def main(argv: list[str] | None = None) -> int:
             names = import_image(bin_dir, socket, archive.resolve())
             print(f"{archive}: {', '.join(names) or '(no image names)'}")
         return 0
-    cleanup(root)
+    try:
+        cleanup(root)
+    except RuntimeError as e:
+        print(e, file=sys.stderr)
+        return 1
     left = leftovers(root)
     for line in left:
         print(f"left: {line}", file=sys.stderr)

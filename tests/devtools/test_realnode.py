@@ -10,7 +10,6 @@ reason) only where a real node cannot run at all (not root, no memory cgroup, no
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -25,8 +24,8 @@ from agentrun_devtools.realnode import (
     BRIDGE,
     RealNode,
     build_image,
+    host_paths,
     leftovers,
-    read_sysctls,
     sysctl_changes,
     unavailable,
 )
@@ -41,17 +40,9 @@ IMAGE = "localhost/agentrun-test-busybox:1"
 BUSYBOX = Path("/bin/busybox")
 
 
-# Host paths that containerd and kubelet create and the node removes on stop if it
-# created them.
-HOST_PATHS = ("/run/containerd", "/var/log/containers", "/var/lib/kubelet",
-              "/var/lib/cni", "/run/netns", "/var/run/nri", "/etc/cni")
-
-
 class _Node:
     def __init__(self, plane: ControlPlane, node: RealNode) -> None:
         self.plane, self.node = plane, node
-        self.sysctls = read_sysctls()
-        self.host_paths = {p: os.path.exists(p) for p in HOST_PATHS}
         self.pids: list[int] = []
         self.stopped = False
 
@@ -78,7 +69,8 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Node]:
     # A control plane of its own: the session's has the development node, and its
     # scheduler would place other tests' pods here.
     plane = ControlPlane(tmp_path_factory.mktemp("real-cp")).start()
-    state = _Node(plane, RealNode(plane, tmp_path_factory.mktemp("real-node")))
+    # One real node per machine: wait for one that another run has going.
+    state = _Node(plane, RealNode(plane, tmp_path_factory.mktemp("real-node"), lock_wait=600))
     try:
         state.node.start()
         state.pids = state.node.pids()
@@ -204,6 +196,18 @@ def test_the_eviction_api_removes_a_pod(real: _Node) -> None:
              timeout=30, what="the evicted pod's containers stopped")
 
 
+def test_a_second_real_node_is_refused_and_leaves_the_first_alone(
+        real: _Node, tmp_path: Path) -> None:
+    second = RealNode(real.plane, tmp_path / "second", bin_dir=real.node.bin)
+    with pytest.raises(RuntimeError, match="already running on this machine"):
+        second.start()
+    assert Path("/sys/class/net", BRIDGE).exists()
+    assert real.node.crictl("info").returncode == 0
+    ready = real.plane.kubectl("get", "node", "real-node", "-o",
+                               "jsonpath={.status.conditions[?(@.type=='Ready')].status}")
+    assert ready.stdout == "True"
+
+
 def test_stop_leaves_nothing_behind(real: _Node) -> None:
     # Something to clean up: a running pod with its sandbox, veth, mounts and cgroups.
     _apply(real.plane, _pod("left-running", "exec sleep 3600", grace=30))
@@ -214,7 +218,8 @@ def test_stop_leaves_nothing_behind(real: _Node) -> None:
     real.node.stop()  # raises if anything is left
     print(f"real node stopped in {time.monotonic() - began:.1f}s")
     assert leftovers(real.node.root) == []
-    assert sysctl_changes(real.sysctls) == {}
+    assert real.node.sysctls_before  # what start found, once it held the machine
+    assert sysctl_changes(real.node.sysctls_before) == {}
     assert not [p for p in real.pids if Path(f"/proc/{p}").exists()
                 and "Z" not in Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1][:3]]
-    assert {p: os.path.exists(p) for p in HOST_PATHS} == real.host_paths
+    assert host_paths() == real.node.paths_before
