@@ -79,6 +79,7 @@ from agentrun.vocabulary import (  # noqa: E402
     LABEL_RUN,
     RUN_PLURAL,
     VERSION,
+    LedgerOutcome,
     Phase,
     ReplayPhase,
 )
@@ -560,10 +561,15 @@ class Injector:
 
     def loop(self) -> None:
         kinds = [k for k in FAULTS if self.pg is not None or k != "postgres-stop"]
-        # The pod faults are most of a cluster's bad days; the rest are rarer.
-        weights = [4 if k in POD_FAULTS else 1.5 for k in kinds]
+        # Drawn from a shuffled deck, not independently: every kind happens in every round
+        # (a soak that never lost its node proved nothing about it). The pod faults are
+        # most of a cluster's bad days: twice each per round.
+        deck: list[str] = []
         while not self.stop.wait(self.rng.expovariate(1 / self.mean_gap)):
-            kind = self.rng.choices(kinds, weights)[0]
+            if not deck:
+                deck = [*POD_FAULTS, *kinds]
+                self.rng.shuffle(deck)
+            kind = deck.pop()
             fault = Fault(_now(), kind)
             try:
                 self.inject(fault)
@@ -741,7 +747,9 @@ class Checker:
             for tool, n in effects_done.items():
                 if listed[tool] < n:
                     missing.append(f"{name}: outbox {tool} x{n}, toolsExecuted {executed}")
-            ledgered = Counter(row.tool for row in f.ledger.get(uid, []))
+            # A row answered from the journal ran in an earlier attempt, not again.
+            ledgered = Counter(row.tool for row in f.ledger.get(uid, [])
+                               if row.outcome != LedgerOutcome.JOURNAL)
             for tool, n in listed.items():
                 if ledgered[tool] < n:
                     unrecorded.append(f"{name}: toolsExecuted {tool} x{n}, ledger x"
@@ -801,12 +809,15 @@ class Checker:
                                f"{owner.get('phase')} run")
         self.figure("orphan pods", orphans)
         beside = []
+        remaining = {p["metadata"]["uid"] for p in f.pods}
         by_run: dict[str, dict[int, list[PodSeen]]] = defaultdict(lambda: defaultdict(list))
         for pod in pods:
             by_run[pod.run][pod.attempt].append(pod)
         for run, attempts in by_run.items():
             for n, later in attempts.items():
                 for earlier in attempts.get(n - 1, []):
+                    if earlier.dead is None and earlier.uid not in remaining:
+                        continue  # deleted while a watch was down: its end is unknown
                     for pod in later:
                         if earlier.dead is None or pod.added < earlier.dead:
                             beside.append(f"{run}: attempt {n} pod seen "
@@ -852,18 +863,19 @@ class Checker:
                 continue
             if a.forced:
                 continue
+            phase = str(original.status).capitalize()  # the store's "failed" is Failed
             called = [c for c in f.ledger.get(a.run_uid, [])
                       if decided is None or _aware(c.started_at) <= decided]
             if a.resume:
                 doubt = [c for c in called if c.effect == effects.EFFECTFUL and (
                     c.finished_at is None or (decided and _aware(c.finished_at) > decided))]
-                if doubt or original.status == Phase.SUCCEEDED:
+                if doubt or phase == Phase.SUCCEEDED:
                     wrong.append(f"{name}: resume {a.name} approved with "
                                  f"{[c.tool for c in doubt]} in doubt, original "
-                                 f"{original.status}")
+                                 f"{phase}")
                 continue
             recheck = decide(a.run_name, Original(
-                phase=original.status, tools_executed=a.tools_executed,
+                phase=phase, tools_executed=a.tools_executed,
                 input_digest=original.input_digest, input_available=True),
                 already_replayed_by=None, forced=False)
             if not recheck.approved:
@@ -1032,8 +1044,8 @@ def main() -> int:
         say("\nfaults: " + ", ".join(f"{k} {n}" for k, n in sorted(
             Counter(fl.kind for fl in injector.faults).items())))
         for fl in injector.faults:
-            if fl.error:
-                say(f"  fault {fl.kind} at {fl.at - began:.0f} s on {fl.target}: {fl.error}")
+            say(f"  {fl.at - began:5.0f} s {fl.kind} {fl.target} ({fl.took:.1f} s)"
+                + (f": {fl.error}" if fl.error else ""))
         say("\n| invariant | count | must be 0 |\n|---|---|---|")
         for what, count, must in checker.figures:
             say(f"| {what} | {count} | {'yes' if must else 'no'} |")
