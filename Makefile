@@ -19,11 +19,21 @@ IMG_POSTGRES ?= agentrun/postgres:dev
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk -F':.*?## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: pyproject.toml
+# The exact versions come from requirements.lock (constraints), so pip resolves nothing.
+$(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	$(VENV)/bin/pip install --quiet -c requirements.lock -e '.[dev]'
 	touch $@
+
+.PHONY: lock
+lock: ## re-resolve pyproject.toml's ranges in a fresh environment into requirements.lock
+	rm -rf $(LOCAL)/lock-venv && $(PYTHON) -m venv $(LOCAL)/lock-venv
+	$(LOCAL)/lock-venv/bin/pip install --quiet --upgrade pip
+	$(LOCAL)/lock-venv/bin/pip install --quiet '.[dev]'
+	{ sed -n '/^#/p' requirements.lock; $(LOCAL)/lock-venv/bin/pip freeze --exclude-editable \
+	  | grep -Ev '^agentrun( @|==)'; } > requirements.lock.new && mv requirements.lock.new requirements.lock
+	rm -rf $(LOCAL)/lock-venv
 
 .PHONY: venv
 venv: $(VENV)/.installed ## the Python environment in .venv/

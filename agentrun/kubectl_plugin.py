@@ -6,8 +6,10 @@
 
 Installed as the console script `kubectl-agentrun`; kubectl finds it on PATH. It talks to
 the cluster as kubectl does (KUBECONFIG / --kubeconfig, --context, or in-cluster), in the
-namespace given by -n/--namespace or else the context's. `tools` reads the run store
-(DATABASE_URL; default: the development cluster's SQLite file .local/agentrun.db).
+namespace given by -n/--namespace or else the context's. `tools` shows the ledger the
+operator publishes on a settled run (status.toolCalls): no database credential is
+needed. With DATABASE_URL (or --database-url) it reads the run store instead, which also
+shows the calls of a run still going.
 
 Exit codes: 0 done (replay approved); 1 refused (by the operator or by the API server);
 2 usage or connection errors, or no decision in time.
@@ -45,7 +47,6 @@ from agentrun.vocabulary import (
     ReplayPhase,
 )
 
-DEV_DATABASE_URL = f"sqlite:///{Path(__file__).resolve().parents[1] / '.local' / 'agentrun.db'}"
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 OK, REFUSED, ERROR = 0, 1, 2
@@ -222,14 +223,26 @@ def print_decision(replay: dict[str, Any]) -> None:
 # -- tools ------------------------------------------------------------------------------------
 
 
-def tools(cluster: Cluster, run: str, database_url: str) -> int:
-    """The ledger of each attempt of `run`: tool, when it was called, whether it answered."""
+def tools(cluster: Cluster, run: str, database_url: str | None) -> int:
+    """The ledger of each attempt of `run`: tool, when it was called, whether it answered:
+    the run's published status.toolCalls, or the run store itself given `database_url`."""
     found = cluster.get(RUN_PLURAL, run)
     if found is None:
         raise Failure(f"AgentRun {run} does not exist in namespace {cluster.namespace}")
     status = found.get("status") or {}
-    _check_store(database_url)
-    entries = asyncio.run(_ledger(database_url, found["metadata"]["uid"]))
+    if database_url:
+        _check_store(database_url)
+        entries = asyncio.run(_ledger(database_url, found["metadata"]["uid"]))
+    elif "toolCalls" in status:
+        entries = [_published(c) for c in status["toolCalls"]]
+    elif status.get("phase") in Phase.TERMINAL:
+        raise Failure(f"AgentRun {run} has no published ledger (status.toolCalls): the run "
+                      "store could not be read when it settled, or an older operator settled "
+                      f"it. Set {ENV_DATABASE_URL} to read the store.")
+    else:
+        raise Failure(f"AgentRun {run} is {status.get('phase') or 'Pending'}: its ledger is "
+                      "published on the run when it settles. To see the calls of a run still "
+                      f"going, set {ENV_DATABASE_URL} to the run store.", code=ERROR)
     told = status.get("toolsExecuted")
     if status.get("phase") in Phase.TERMINAL:
         summary = "unknown" if told is None else ", ".join(told) or "none"
@@ -241,6 +254,7 @@ def tools(cluster: Cluster, run: str, database_url: str) -> int:
     if not entries:
         print("  no tool call in the ledger")
         return OK
+    omitted = status.get("toolCallsOmitted") if not database_url else None
     rows = [("ATTEMPT", "#", "TOOL", "EFFECT", "KEY", "CALLED AT", "ENDED")]
     for e in entries:
         rows.append((str(e.attempt), str(e.seq), e.tool, e.effect or "-",
@@ -248,7 +262,21 @@ def tools(cluster: Cluster, run: str, database_url: str) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(6)]
     for r in rows:
         print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[6])
+    if omitted:
+        print(f"  ... and {omitted} more calls (the run store keeps them all)")
     return OK
+
+
+def _published(call: dict[str, Any]) -> store.LedgerEntry:
+    """A status.toolCalls entry, as the store's ledger row it was published from."""
+    def when(value: str | None) -> datetime | None:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+
+    return store.LedgerEntry(
+        attempt=int(call["attempt"]), seq=int(call["seq"]), tool=call["tool"], call_id=None,
+        args_digest="", started_at=when(call.get("calledAt")) or datetime.min,
+        finished_at=when(call.get("endedAt")), outcome=call.get("outcome"),
+        effect=call.get("effect"), idempotency_key=call.get("idempotencyKey"))
 
 
 def _ended(entry: store.LedgerEntry) -> str:
@@ -328,8 +356,9 @@ def parser() -> argparse.ArgumentParser:
                        help="the tool-call ledger of each attempt of an AgentRun: effect, "
                             "key, how each call ended")
     t.add_argument("run")
-    t.add_argument("--database-url", default=os.environ.get(ENV_DATABASE_URL, DEV_DATABASE_URL),
-                   help=f"the run store (env {ENV_DATABASE_URL}; default: {DEV_DATABASE_URL})")
+    t.add_argument("--database-url", default=os.environ.get(ENV_DATABASE_URL) or None,
+                   help=f"read the run store itself (env {ENV_DATABASE_URL}; default: the "
+                        "ledger published on the settled run, no credential needed)")
     w = sub.add_parser("why", parents=[common], help="a replay's decision and its message")
     w.add_argument("replay")
     return p

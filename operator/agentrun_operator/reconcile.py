@@ -615,7 +615,8 @@ async def _after_settle(ctx: Context, run: Mapping[str, Any], attempt: int, phas
         _log(run, "retry", attempt=following, after=reason)
         metrics.retried(reason)
         return 0
-    settled = st.settled_status(phase, reason, message, tools, now(), status, attempts=attempt)
+    settled = st.settled_status(phase, reason, message, tools, now(), status, attempts=attempt,
+                                **await _published_ledger(ctx, run, tools))
     if resume is not None:  # asked to resume, and refused: say why, on the run
         settled["conditions"] = [
             *[c for c in settled["conditions"] if c.get("type") != st.Condition.RESUMABLE],
@@ -630,6 +631,22 @@ async def _after_settle(ctx: Context, run: Mapping[str, Any], attempt: int, phas
     events.post(run, reason, f"{message} Tools executed: {told}.",
                 warning=phase != Phase.SUCCEEDED)
     return 0
+
+
+async def _published_ledger(ctx: Context, run: Mapping[str, Any],
+                            tools: list[str] | None) -> dict[str, Any]:
+    """status.toolCalls of a settled run, from the store's ledger (none when the store
+    could not be read: toolsExecuted is null then, and is filled in later)."""
+    if tools is None:
+        return {}
+    if not tools:
+        return st.tool_calls([])
+    try:
+        return st.tool_calls(await store.ledger(ctx.engine, run["metadata"]["uid"]))
+    except Exception as e:
+        log.warning("event=store-ledger-failed run=%s error=%r", run["metadata"]["name"], e)
+        metrics.STORE_ERRORS.labels("ledger").inc()
+        return {}
 
 
 # Failures after which spec.retry.resume does not resume (api.md, "Automatic resume").
@@ -711,7 +728,8 @@ async def _settled(ctx: Context, run: Mapping[str, Any]) -> float | None:
         conditions = [c for c in status.get("conditions") or []
                       if c.get("type") != st.Condition.TOOLS_EXECUTED]
         await _write(ctx, run, {"toolsExecuted": tools,
-                                "conditions": [*conditions, st.tools_condition(tools, now())]})
+                                "conditions": [*conditions, st.tools_condition(tools, now())],
+                                **await _published_ledger(ctx, run, tools)})
         events.post(run, "ToolsExecutedKnown", "The run store is readable again: tools "
                     f"executed: {', '.join(tools) or 'none'}.")
         return 0

@@ -129,6 +129,26 @@ def settled_status(
     }
 
 
+# At most this many tool calls are published on a run (status.toolCalls); the store keeps
+# them all, and status.toolCallsOmitted says how many more there were.
+TOOL_CALLS_SHOWN = 50
+
+
+def tool_calls(entries: Sequence[Any]) -> dict[str, Any]:
+    """The ledger of a settled run as its status publishes it (what `kubectl agentrun
+    tools` shows without a database credential): one entry per call, in call order, the
+    first TOOL_CALLS_SHOWN of them. `entries`: store.LedgerEntry rows."""
+    shown = [{k: v for k, v in {
+        "attempt": e.attempt, "seq": e.seq, "tool": e.tool, "effect": e.effect,
+        "idempotencyKey": e.idempotency_key, "calledAt": stamp(e.started_at),
+        "endedAt": stamp(e.finished_at) if e.finished_at is not None else None,
+        "outcome": e.outcome}.items() if v is not None} for e in entries[:TOOL_CALLS_SHOWN]]
+    published: dict[str, Any] = {"toolCalls": shown}
+    if len(entries) > TOOL_CALLS_SHOWN:
+        published["toolCallsOmitted"] = len(entries) - TOOL_CALLS_SHOWN
+    return published
+
+
 # Failures another attempt cannot mend: the same spec meets the same refusal again.
 NOT_RETRIED = frozenset({
     Reason.DEADLINE_EXCEEDED, Reason.INPUT_UNAVAILABLE, Reason.STALE,

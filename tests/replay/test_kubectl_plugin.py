@@ -11,14 +11,17 @@ from pathlib import Path
 from agentrun.vocabulary import ANNOTATION_FORCE_REPLAY
 from tests.harness import System
 from tests.replay.conftest import get_replay
-from tests.replay.test_decisions import evicted_after_send_email
+from tests.replay.test_decisions import evicted_after_send_email, start
 
 BIN = Path(sys.executable).parent  # where the console script kubectl-agentrun lives
 
 
-def plugin(system: System, *args: str) -> subprocess.CompletedProcess[str]:
+def plugin(system: System, *args: str,
+           store: bool = True) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
            "KUBECONFIG": str(system.plane.kubeconfig), "DATABASE_URL": system.store_url}
+    if not store:
+        del env["DATABASE_URL"]
     return subprocess.run([str(system.plane.bin / "kubectl"), "agentrun", *args], env=env,
                           capture_output=True, text=True, timeout=120)
 
@@ -62,3 +65,30 @@ def test_tools_replay_and_why(system: System, namespace: str) -> None:
     missing = plugin(system, "why", "nope", "-n", namespace)
     assert missing.returncode == 2
     assert f"AgentRunReplay nope does not exist in namespace {namespace}" in missing.stderr
+
+
+def test_tools_without_a_database_credential(system: System, namespace: str) -> None:
+    """The ledger the operator published on the settled run (status.toolCalls) is what
+    `tools` shows with no DATABASE_URL: the same rows as the store's."""
+    evicted_after_send_email(system, namespace, "published", delay=15)
+    from_store = plugin(system, "tools", "published", "-n", namespace)
+    published = plugin(system, "tools", "published", "-n", namespace, store=False)
+    assert published.returncode == 0, published.stderr
+    assert "toolsExecuted: send_email" in published.stdout
+
+    def rows(text: str) -> list[list[str]]:
+        # attempt, #, tool, effect, key, ended (the called-at stamp is shown to the second
+        # from both)
+        return [line.split()[:5] + line.split()[6:] for line in text.splitlines()[1:]]
+
+    assert rows(published.stdout) == rows(from_store.stdout)
+    assert "no (called, never answered): in doubt" in published.stdout
+
+
+def test_tools_of_a_live_run_without_a_database_credential(system: System,
+                                                           namespace: str) -> None:
+    start(system, namespace, "still-going", [{"sleep": 60}, {"text": "done"}])
+    shown = plugin(system, "tools", "still-going", "-n", namespace, store=False)
+    assert shown.returncode == 2, shown.stdout + shown.stderr
+    assert "published on the run when it settles" in shown.stderr
+    assert "DATABASE_URL" in shown.stderr

@@ -54,3 +54,26 @@ def test_every_write_keeps_other_conditions_and_sets_observed_generation() -> No
         "Reconciling": "False", "Stalled": "True"}
     reconciling = {c["type"]: c for c in failed["conditions"]}[Condition.RECONCILING]
     assert reconciling["lastTransitionTime"] == st.stamp(T1)
+
+
+def test_the_published_ledger_keeps_call_order_and_says_what_it_left_out() -> None:
+    from agentrun.store import LedgerEntry
+
+    def entry(seq: int, finished: bool) -> LedgerEntry:
+        return LedgerEntry(attempt=1, seq=seq, tool="send_email", call_id=None,
+                           args_digest="sha256:x", started_at=T0,
+                           finished_at=T1 if finished else None,
+                           outcome="ok" if finished else None, effect="Idempotent",
+                           idempotency_key=f"k{seq}")
+
+    few = st.tool_calls([entry(1, True), entry(2, False)])
+    assert few == {"toolCalls": [
+        {"attempt": 1, "seq": 1, "tool": "send_email", "effect": "Idempotent",
+         "idempotencyKey": "k1", "calledAt": st.stamp(T0), "endedAt": st.stamp(T1),
+         "outcome": "ok"},
+        {"attempt": 1, "seq": 2, "tool": "send_email", "effect": "Idempotent",
+         "idempotencyKey": "k2", "calledAt": st.stamp(T0)}]}
+    many = st.tool_calls([entry(i, True) for i in range(1, st.TOOL_CALLS_SHOWN + 8)])
+    assert [c["seq"] for c in many["toolCalls"]] == list(range(1, st.TOOL_CALLS_SHOWN + 1))
+    assert many["toolCallsOmitted"] == 7
+    assert st.tool_calls([]) == {"toolCalls": []}
