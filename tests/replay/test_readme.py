@@ -42,7 +42,8 @@ def _copy_repository(to: Path) -> None:
             shutil.copy2(source, to / name, follow_symlinks=False)
     (to / ".venv").symlink_to(REPO / ".venv")
     installed = (REPO / ".venv" / ".installed").stat().st_mtime
-    os.utime(to / "pyproject.toml", (installed - 60, installed - 60))
+    for name in ("pyproject.toml", "requirements.lock"):
+        os.utime(to / name, (installed - 60, installed - 60))
 
 
 def test_the_readme_flow_runs_and_replays(tmp_path: Path) -> None:
