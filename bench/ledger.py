@@ -57,7 +57,7 @@ import httpx  # noqa: E402
 from agentrun_devtools.controlplane import ControlPlane  # noqa: E402
 from agentrun_devtools.postgres import Postgres  # noqa: E402
 from agentrun_runner.ledger import WriteAheadLedger  # noqa: E402
-from agentrun_runner.retries import CallWatch, GuardedLlm  # noqa: E402
+from agentrun_runner.retries import CallWatch, ModelRetries  # noqa: E402
 from agentrun_runner.scripted import ScriptedLlm  # noqa: E402
 from agentrun_runner.store_client import StoreClient, StoreSessionService  # noqa: E402
 from google.adk.agents import LlmAgent  # noqa: E402
@@ -345,12 +345,12 @@ async def adk_run(engine: AsyncEngine, world: RunnerWorld, api_url: str, variant
     script: list[dict[str, Any]] = [
         {"call": "noop_tool", "args": {"customer": str(i)}} for i in range(calls)]
     script.append({"text": "done"})
-    agent = LlmAgent(name="bench_agent", instruction="bench", tools=[noop_tool],
-                     model=GuardedLlm.wrap(ScriptedLlm(script=script), CallWatch()))
+    model = ScriptedLlm(script=script)
+    agent = LlmAgent(name="bench_agent", instruction="bench", tools=[noop_tool], model=model)
     sessions: BaseSessionService = (
         StoreSessionService(client) if variant.sessions_via_api and client is not None
         else DatabaseSessionService(db_engine=engine))
-    plugins: list[BasePlugin] = []
+    plugins: list[BasePlugin] = [ModelRetries({agent.name: model}, CallWatch())]
     if variant.ledger == "api":
         assert client is not None
         plugins.append(WriteAheadLedger(client))

@@ -51,6 +51,7 @@ NO_DURABLE_STORE_MESSAGE = (
     "sets both on runner pods). Without them ADK keeps sessions in memory, and a crashed "
     "run would forget everything it did, so the runner refuses to start."
 )
+LITELLM_LOCAL_COST_MAP = "LITELLM_LOCAL_MODEL_COST_MAP"
 SCRIPTED_REFUSED_MESSAGE = (
     "the scripted model is turned off: it lets whoever creates a run choose every tool "
     "call and its arguments. The operator enables it with --allow-scripted-model "
@@ -252,7 +253,7 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
     from agentrun_runner.agents import load_agent
     from agentrun_runner.compaction import CompactionPlugin
     from agentrun_runner.ledger import WriteAheadLedger
-    from agentrun_runner.retries import CallWatch, GuardedLlm
+    from agentrun_runner.retries import CallWatch, ModelRetries
     from agentrun_runner.scripted import ScriptedLlm
 
     try:
@@ -288,12 +289,16 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
             override = ScriptedLlm.from_env(resuming=bool(me.resume_invocation))
         elif config.model:
             override = LLMRegistry.new_llm(config.model)
+        # Each agent keeps its model's own class (ADK builds a provider's requests from
+        # it); the retry rules are a plugin that knows which model each agent calls.
+        models: dict[str, BaseLlm] = {}
         pending = [root_agent]
         while pending:
             agent = pending.pop()
             pending.extend(agent.sub_agents)
             if isinstance(agent, LlmAgent):
-                agent.model = GuardedLlm.wrap(override or agent.canonical_model, watch)
+                model = override or agent.canonical_model
+                agent.model = models[agent.name] = model
     except Exception as e:
         failure = Failure(
             RunnerExit.AGENT_ERROR, Reason.AGENT_ERROR,
@@ -309,7 +314,8 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
         app=App(
             name=config.agent,
             root_agent=root_agent,
-            plugins=[WriteAheadLedger(client, watch.failures, root_run_uid=me.root_run_uid,
+            plugins=[ModelRetries(models, watch),
+                     WriteAheadLedger(client, watch.failures, root_run_uid=me.root_run_uid,
                                       overrides=config.tool_effects, journal=journal),
                      CompactionPlugin()],
             # A resumed attempt continues the invocation it resumes: ADK replays its pending
@@ -417,6 +423,11 @@ async def _remember(
 def main(argv: Sequence[str] | None = None) -> int:
     """The console script: returns a vocabulary.RunnerExit code."""
     logs.setup()
+    # LiteLLM would otherwise fetch its model price list from the internet when it is
+    # first imported: a runner pod without egress waits for that to time out, and the
+    # list it runs with would change under it. Its bundled copy is used unless the
+    # pod's environment says otherwise.
+    os.environ.setdefault(LITELLM_LOCAL_COST_MAP, "True")
     try:
         config = parse_config(argv, dict(os.environ))
     except UsageError as e:

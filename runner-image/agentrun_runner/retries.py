@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
+from google.adk.agents.callback_context import CallbackContext
+from google.adk.agents.run_config import StreamingMode
 from google.adk.models.base_llm import BaseLlm
 from google.adk.models.llm_request import LlmRequest
 from google.adk.models.llm_response import LlmResponse
+from google.adk.plugins.base_plugin import BasePlugin
 from google.genai import errors, types
-from pydantic import ConfigDict, Field
 
 MAX_RATE_LIMIT_RETRIES = 2
 MAX_EMPTY_RETRIES = 1
@@ -129,58 +131,109 @@ class CallWatch:
                     self.tools.append(p.function_call.name or "?")
 
 
-class GuardedLlm(BaseLlm):
-    """Wraps the agent's model with the retry rules above."""
+class ModelRetries(BasePlugin):
+    """The retry rules above, as an ADK plugin.
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    Not a wrapper around the model: ADK decides from the model's class how to build its
+    requests (it keeps its own `adk-*` function-call ids only for providers that pair tool
+    calls with their results by id, such as LiteLlm and AnthropicLlm), and a wrapper would
+    hide that class. ADK hands a failed model call to `on_model_error_callback` and every
+    answer to `after_model_callback`; a retry calls the agent's own model again with the
+    same request, and its answer takes the failed or empty one's place.
+    """
 
-    inner: BaseLlm
-    watch: CallWatch = Field(default_factory=CallWatch)
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    def __init__(
+        self,
+        models: Mapping[str, BaseLlm],
+        watch: CallWatch,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        super().__init__(name="agentrun_model_retries")
+        # Agent name -> the model ADK calls for it (the runner resolved them).
+        self.models = dict(models)
+        self.watch = watch
+        self.sleep = sleep
+        self._request: LlmRequest | None = None
+        # The answer a retry produced: ADK shows it to after_model_callback too, where it
+        # must not be judged (or counted) twice.
+        self._settled: LlmResponse | None = None
 
-    @classmethod
-    def wrap(cls, inner: BaseLlm, watch: CallWatch) -> GuardedLlm:
-        if isinstance(inner, GuardedLlm):
-            return inner
-        return cls(model=inner.model, inner=inner, watch=watch)
+    async def before_model_callback(
+        self, *, callback_context: CallbackContext, llm_request: LlmRequest
+    ) -> LlmResponse | None:
+        # after_model_callback is not given the request; an empty turn is asked again
+        # with it. One model call at a time per runner process.
+        self._request = llm_request
+        return None
 
-    @property
-    def capabilities(self) -> Any:
-        return self.inner.capabilities
+    async def on_model_error_callback(
+        self, *, callback_context: CallbackContext, llm_request: LlmRequest, error: Exception
+    ) -> LlmResponse | None:
+        if rate_limit_of(error) is None:
+            return None
+        try:
+            return await self._retry(callback_context, llm_request, error=error, empty=0)
+        except Exception as given_up:
+            if given_up is error:
+                return None  # ADK raises the model's own error, unwrapped
+            raise
 
-    async def generate_content_async(
-        self, llm_request: LlmRequest, stream: bool = False
-    ) -> AsyncGenerator[LlmResponse, None]:
+    async def after_model_callback(
+        self, *, callback_context: CallbackContext, llm_response: LlmResponse
+    ) -> LlmResponse | None:
+        if llm_response.partial or llm_response.error_code:
+            return None
+        if llm_response is self._settled:
+            self._settled = None
+            return None
+        if not _is_empty(llm_response) or self._request is None:
+            self.watch.saw(llm_response)
+            return None
+        return await self._retry(callback_context, self._request, error=None, empty=0)
+
+    async def _retry(
+        self, context: CallbackContext, request: LlmRequest, *, error: Exception | None,
+        empty: int,
+    ) -> LlmResponse:
+        """Asks the model again until it answers, or a rule says stop (then raises)."""
         rate_limited = 0
-        empty = 0
         while True:
-            try:
-                # Buffered: a turn is judged whole (empty or not) before ADK sees it.
-                turn = self.inner.generate_content_async(llm_request, stream)
-                responses = [r async for r in turn]
-            except Exception as error:
+            if error is not None:
                 limit = rate_limit_of(error)
                 if limit is None:
-                    raise
-                called = self.watch.tools or calls_in_current_turn(llm_request.contents)
+                    raise error
+                called = self.watch.tools or calls_in_current_turn(request.contents)
                 if called:
                     raise self.watch.failed(RateLimitedAfterToolCall(called, error)) from error
                 if rate_limited >= MAX_RATE_LIMIT_RETRIES:
-                    raise
+                    raise error
                 rate_limited += 1
                 delay = retry_delay(limit)
                 if delay is None:
                     delay = 2.0**rate_limited
                 await self.sleep(min(delay, MAX_RETRY_DELAY_SECONDS))
-                continue
-            final = [r for r in responses if not r.partial]
-            if not final or all(_is_empty(r) for r in final):
+            else:
                 if empty >= MAX_EMPTY_RETRIES:
                     raise self.watch.failed(EmptyModelTurn())
                 empty += 1
+            try:
+                answer = await self._ask(context, request)
+            except Exception as again:
+                error = again
                 continue
-            for response in final:
-                self.watch.saw(response)
-            for response in responses:
-                yield response
-            return
+            error = None
+            if answer is not None and not _is_empty(answer):
+                self.watch.saw(answer)
+                self._settled = answer
+                return answer
+
+    async def _ask(self, context: CallbackContext, request: LlmRequest) -> LlmResponse | None:
+        """One more call of the agent's model: its final (non-partial) answer, if any."""
+        model = self.models.get(context.agent_name)
+        if model is None:
+            raise LookupError(f"no model known for agent {context.agent_name!r}")
+        config = context.run_config
+        stream = bool(config and config.streaming_mode == StreamingMode.SSE)
+        final = [r async for r in model.generate_content_async(request, stream)
+                 if not r.partial]
+        return final[-1] if final else None

@@ -1,4 +1,5 @@
-"""Model retries that never repeat a side effect (the rules, on a scripted model)."""
+"""Model retries that never repeat a side effect (the rules, on a scripted model driven
+by ADK's own Runner, the plugin installed as the runner installs it)."""
 
 from __future__ import annotations
 
@@ -10,63 +11,102 @@ from agentrun_runner.retries import (
     MAX_RETRY_DELAY_SECONDS,
     CallWatch,
     EmptyModelTurn,
-    GuardedLlm,
+    ModelRetries,
     RateLimitedAfterToolCall,
     calls_in_current_turn,
     rate_limit_of,
     retry_delay,
 )
 from agentrun_runner.scripted import ScriptedLlm, rate_limit_error
+from google.adk.agents.callback_context import CallbackContext
+from google.adk.agents.invocation_context import InvocationContext
+from google.adk.agents.llm_agent import LlmAgent
+from google.adk.apps.app import App
 from google.adk.models.llm_request import LlmRequest
-from google.adk.models.llm_response import LlmResponse
-from google.genai import errors, types
+from google.adk.runners import Runner
+from google.adk.sessions.in_memory_session_service import InMemorySessionService
+from google.genai import types
+
+SENT: list[str] = []
 
 
-def guarded(script: list[dict[str, Any]]) -> tuple[GuardedLlm, list[float]]:
-    slept: list[float] = []
-
-    async def sleep(seconds: float) -> None:
-        slept.append(seconds)
-
-    model = GuardedLlm.wrap(ScriptedLlm(script=script), CallWatch())
-    model.sleep = sleep
-    return model, slept
+def send_email(to: str) -> dict[str, str]:
+    """Sends an email."""
+    SENT.append(to)
+    return {"status": "sent"}
 
 
-def call(model: GuardedLlm, contents: list[types.Content] | None = None) -> list[LlmResponse]:
-    async def go() -> list[LlmResponse]:
-        request = LlmRequest(contents=contents or [])
-        return [r async for r in model.generate_content_async(request)]
+class Model:
+    """A scripted agent and its retry plugin, run turn by turn in one session."""
 
-    return asyncio.run(go())
+    def __init__(self, script: list[dict[str, Any]],
+                 sessions: InMemorySessionService | None = None) -> None:
+        self.slept: list[float] = []
 
+        async def sleep(seconds: float) -> None:
+            self.slept.append(seconds)
 
-def text_of(responses: list[LlmResponse]) -> str:
-    return "".join(p.text or "" for r in responses if r.content for p in r.content.parts or [])
+        self.llm = ScriptedLlm(script=script)
+        self.agent = LlmAgent(name="agent", instruction="help", tools=[send_email],
+                              model=self.llm)
+        self.plugin = ModelRetries({self.agent.name: self.llm}, CallWatch(), sleep=sleep)
+        self.sessions = sessions or InMemorySessionService()
+        self.runner = Runner(app=App(name="retries", root_agent=self.agent,
+                                     plugins=[self.plugin]),
+                             session_service=self.sessions)
+
+    def turn(self, text: str = "refund please") -> str:
+        """One user message; the final answer's text (raises what the run raised)."""
+
+        async def go() -> str:
+            if await self.sessions.get_session(app_name="retries", user_id="u",
+                                               session_id="s") is None:
+                await self.sessions.create_session(app_name="retries", user_id="u",
+                                                   session_id="s")
+            answer = ""
+            message = types.Content(role="user", parts=[types.Part(text=text)])
+            async for event in self.runner.run_async(user_id="u", session_id="s",
+                                                     new_message=message):
+                if event.error_code:
+                    # As the runner does: ADK reports a failure as an error event; the
+                    # rules' own failures were kept.
+                    if self.plugin.watch.failures:
+                        raise self.plugin.watch.failures[0]
+                    raise RuntimeError(f"{event.error_code}: {event.error_message}")
+                if event.is_final_response() and event.content:
+                    answer = "".join(p.text or "" for p in event.content.parts or [])
+            return answer
+
+        return asyncio.run(go())
 
 
 def test_429_before_any_call_is_retried_twice_with_the_server_delay() -> None:
-    model, slept = guarded([{"error": 429, "retry_delay": 7}, {"error": 429, "retry_delay": 90},
-                            {"text": "ok"}])
-    assert text_of(call(model)) == "ok"
-    assert slept == [7, MAX_RETRY_DELAY_SECONDS]
+    model = Model([{"error": 429, "retry_delay": 7}, {"error": 429, "retry_delay": 90},
+                   {"text": "ok"}])
+    assert model.turn() == "ok"
+    assert model.slept == [7, MAX_RETRY_DELAY_SECONDS]
 
 
 def test_a_third_429_is_not_retried() -> None:
-    model, _ = guarded([{"error": 429}] * 3 + [{"text": "never"}])
-    with pytest.raises(errors.ClientError):
-        call(model)
+    model = Model([{"error": 429}] * 3 + [{"text": "never"}])
+    with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
+        model.turn()
+    assert len(model.slept) == 2
 
 
 def test_429_after_a_function_call_in_this_invocation_is_not_retried() -> None:
-    model, slept = guarded([{"call": "send_email", "args": {"to": "x"}}, {"error": 429}])
-    call(model)
-    with pytest.raises(RateLimitedAfterToolCall, match="send_email"):
-        call(model)
-    assert slept == []
+    SENT.clear()
+    model = Model([{"call": "send_email", "args": {"to": "x"}}, {"error": 429}])
+    with pytest.raises(RateLimitedAfterToolCall, match="send_email") as stop:
+        model.turn()
+    assert model.plugin.watch.failures == [stop.value]
+    assert model.slept == []
+    assert SENT == ["x"]
 
 
 def test_429_after_a_call_seen_only_in_the_request_is_not_retried() -> None:
+    # A resumed invocation: this process has seen no call, but the request's current turn
+    # holds one.
     turn = [
         types.Content(role="user", parts=[types.Part(text="refund")]),
         types.Content(role="model", parts=[types.Part(
@@ -74,9 +114,20 @@ def test_429_after_a_call_seen_only_in_the_request_is_not_retried() -> None:
         types.Content(role="user", parts=[types.Part(
             function_response=types.FunctionResponse(name="update_crm", response={}))]),
     ]
-    model, _ = guarded([{"error": 429}])
+    model = Model([{"text": "never"}])
+
+    async def go() -> None:
+        session = await model.sessions.create_session(app_name="retries", user_id="u")
+        context = CallbackContext(InvocationContext(
+            session_service=model.sessions, invocation_id="e-1", agent=model.agent,
+            session=session))
+        await model.plugin.on_model_error_callback(
+            callback_context=context, llm_request=LlmRequest(contents=turn),
+            error=rate_limit_error(1))
+
     with pytest.raises(RateLimitedAfterToolCall, match="update_crm"):
-        call(model, turn)
+        asyncio.run(go())
+    assert model.slept == []
 
 
 def test_calls_of_earlier_chat_turns_do_not_count() -> None:
@@ -91,16 +142,26 @@ def test_calls_of_earlier_chat_turns_do_not_count() -> None:
     ]
     assert calls_in_current_turn(history) == []
     assert calls_in_current_turn(history[:3]) == ["send_email"]
-    model, _ = guarded([{"error": 429, "retry_delay": 0}, {"text": "ok"}])
-    assert text_of(call(model, history)) == "ok"
+    # The same session, turn by turn, each in its own runner process.
+    first = Model([{"call": "send_email", "args": {"to": "x"}}, {"text": "sent"}])
+    assert first.turn("turn 1") == "sent"
+    second = Model([{"error": 429, "retry_delay": 0}, {"text": "ok"}], first.sessions)
+    assert second.turn("turn 2") == "ok"
+    assert second.slept == [0]
 
 
 def test_an_empty_turn_is_retried_once_then_fails() -> None:
-    model, _ = guarded([{"empty": True}, {"text": "second try"}])
-    assert text_of(call(model)) == "second try"
-    model, _ = guarded([{"empty": True}, {"empty": True}, {"text": "never"}])
+    model = Model([{"empty": True}, {"text": "second try"}])
+    assert model.turn() == "second try"
+    model = Model([{"empty": True}, {"empty": True}, {"text": "never"}])
     with pytest.raises(EmptyModelTurn):
-        call(model)
+        model.turn()
+
+
+def test_an_empty_turn_then_a_429_is_retried_after_the_delay() -> None:
+    model = Model([{"empty": True}, {"error": 429, "retry_delay": 3}, {"text": "ok"}])
+    assert model.turn() == "ok"
+    assert model.slept == [3]
 
 
 def test_the_scripted_429_reads_like_gemini() -> None:
@@ -114,8 +175,8 @@ def test_the_scripted_429_reads_like_gemini() -> None:
 
 
 def test_a_script_that_runs_out_answers_with_its_last_text() -> None:
-    model, _ = guarded([{"text": "first"}, {"text": "last"}])
-    assert [text_of(call(model)) for _ in range(3)] == ["first", "last", "last"]
+    model = Model([{"text": "first"}, {"text": "last"}])
+    assert [model.turn() for _ in range(3)] == ["first", "last", "last"]
 
 
 def test_a_resumed_script_continues_after_the_turns_its_history_holds() -> None:
