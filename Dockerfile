@@ -11,12 +11,18 @@ ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# The dependencies first, from pyproject.toml alone: a change to the code reuses this layer.
+# Exact versions from requirements.lock (kept in the image: an agent built FROM the runner
+# image installs its own packages constrained by it).
+COPY pyproject.toml README.md requirements.lock ./
+RUN python3 -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")' >/tmp/requirements.txt \
+ && python3 -m venv /opt/agentrun \
+ && /opt/agentrun/bin/pip install -c requirements.lock -r /tmp/requirements.txt \
+ && cp requirements.lock /opt/agentrun/requirements.lock
 COPY agentrun ./agentrun
 COPY operator ./operator
 COPY runner-image/agentrun_runner ./runner-image/agentrun_runner
-RUN python3 -m venv /opt/agentrun \
- && /opt/agentrun/bin/pip install . \
+RUN /opt/agentrun/bin/pip install --no-deps . \
  && /opt/agentrun/bin/python3 -m compileall -q /opt/agentrun
 
 FROM ${BASE_IMAGE}
