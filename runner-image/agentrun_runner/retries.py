@@ -5,7 +5,8 @@
   server asks for (capped at 60 s), but ONLY while no function call has been seen in
   this invocation. After one, the run stops with RateLimitedAfterToolCall: whether to go
   on is a human's decision, because the world has already been touched.
-The same code handles a real Gemini 429 and the scripted model's {"error": 429}.
+The same code handles a real Gemini 429, the scripted model's {"error": 429}, and the 429
+of a provider reached through LiteLLM or the Anthropic client.
 """
 
 from __future__ import annotations
@@ -63,27 +64,36 @@ def causes(error: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
-def rate_limit_of(error: BaseException) -> errors.APIError | None:
-    """The 429 / RESOURCE_EXHAUSTED API error in `error`'s chain, if any."""
+def rate_limit_of(error: BaseException) -> BaseException | None:
+    """The rate-limit error in `error`'s chain, if any: the Gemini API's 429 /
+    RESOURCE_EXHAUSTED, or another provider's HTTP 429 (LiteLLM's and the OpenAI and
+    Anthropic clients' RateLimitError carry `status_code` 429)."""
     for e in causes(error):
-        if isinstance(e, errors.APIError) and (
-            e.code == 429 or str(e.status or "").upper() == "RESOURCE_EXHAUSTED"
-        ):
+        if isinstance(e, errors.APIError):
+            if e.code == 429 or str(e.status or "").upper() == "RESOURCE_EXHAUSTED":
+                return e
+        elif getattr(e, "status_code", None) == 429:
             return e
     return None
 
 
-def retry_delay(error: errors.APIError) -> float | None:
-    """The delay the server asked for (google.rpc.RetryInfo `retryDelay`), in seconds."""
-    details: Any = error.details
-    if isinstance(details, dict):
-        details = details.get("error", details).get("details")
-    for item in details if isinstance(details, list) else []:
-        if isinstance(item, dict) and "retryDelay" in item:
-            match = _DURATION.match(str(item["retryDelay"]))
-            if match:
-                return float(match.group(1))
-    return None
+def retry_delay(error: BaseException) -> float | None:
+    """The delay the server asked for, in seconds: google.rpc.RetryInfo `retryDelay` in a
+    Gemini error, else an HTTP `Retry-After` (in seconds) on the error's response."""
+    if isinstance(error, errors.APIError):
+        details: Any = error.details
+        if isinstance(details, dict):
+            details = details.get("error", details).get("details")
+        for item in details if isinstance(details, list) else []:
+            if isinstance(item, dict) and "retryDelay" in item:
+                match = _DURATION.match(str(item["retryDelay"]))
+                if match:
+                    return float(match.group(1))
+        return None
+    headers = getattr(getattr(error, "response", None), "headers", None)
+    after = headers.get("retry-after") if headers is not None else None
+    match = _DURATION.match(str(after)) if after is not None else None
+    return float(match.group(1)) if match else None
 
 
 def _has_call(content: types.Content | None) -> bool:

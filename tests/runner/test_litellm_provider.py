@@ -8,12 +8,16 @@ servers do): ADK gives the call an `adk-` id of its own, and keeps it in later r
 only when it sees that the model is a LiteLlm (a provider that pairs calls and results by
 id). A wrapper around the model hides that, ADK strips the id, and the call and its
 result can no longer be paired.
+
+Then the provider's own 429s: retried while no tool has been called, and the run stopped
+(RateLimitedAfterToolCall) once one has.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -24,8 +28,8 @@ import pytest
 from aiohttp import web
 
 from agentrun import store
-from agentrun.vocabulary import RunnerEnv, RunnerExit
-from tests.runner.conftest import launch, prepare_run, query, runner_env
+from agentrun.vocabulary import Reason, RunnerEnv, RunnerExit
+from tests.runner.conftest import Run, launch, prepare_run, query, runner_env
 
 pytestmark = pytest.mark.postgres
 
@@ -38,7 +42,11 @@ class FakeProvider:
     """/v1/chat/completions: first a call of send_email, then (once its result is paired
     with it) a final answer."""
 
-    call_id: str
+    call_id: str = "call_refund_1"
+    # Rate limits: the first `limited` requests are answered 429, and with
+    # `limited_after_call` every request that carries a tool result is too.
+    limited: int = 0
+    limited_after_call: bool = False
     requests: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     url: str = ""
@@ -55,6 +63,11 @@ class FakeProvider:
             return self.refuse(400, f"send_email is not among the tools: {tools}")
         messages = body["messages"]
         results = [m for m in messages if m.get("role") == "tool"]
+        if len(self.requests) <= self.limited or (results and self.limited_after_call):
+            return web.json_response(
+                {"error": {"message": "Rate limit reached for requests", "type": "requests",
+                           "code": "rate_limit_exceeded"}},
+                status=429, headers={"retry-after": "0"})
         if not results:
             return self.answer({"role": "assistant", "content": None, "tool_calls": [{
                 "id": self.call_id, "type": "function",
@@ -85,7 +98,7 @@ class FakeProvider:
 @pytest.fixture
 def provider(request: pytest.FixtureRequest) -> Iterator[FakeProvider]:
     """The fake provider on a free loopback port, served from its own thread."""
-    fake = FakeProvider(call_id=request.param)
+    fake = FakeProvider(**getattr(request, "param", {}))
     loop = asyncio.new_event_loop()
     ready = threading.Event()
     app = web.Application()
@@ -118,12 +131,7 @@ def provider(request: pytest.FixtureRequest) -> Iterator[FakeProvider]:
         thread.join(30)
 
 
-@pytest.mark.parametrize("provider", ["call_refund_1", ""], indirect=True,
-                         ids=["provider-id", "no-provider-id"])
-def test_an_openai_model_through_litellm_calls_a_tool_and_pairs_its_result(
-    pg_store: str, provider: FakeProvider
-) -> None:
-    run = prepare_run(pg_store, "litellm-1")
+def run_through_litellm(run: Run, provider: FakeProvider) -> subprocess.CompletedProcess[str]:
     env = runner_env(run, None)
     env.update({
         RunnerEnv.MODEL: "openai/fake-model",
@@ -134,7 +142,16 @@ def test_an_openai_model_through_litellm_calls_a_tool_and_pairs_its_result(
         "NO_PROXY": "127.0.0.1,localhost",
         "no_proxy": "127.0.0.1,localhost",
     })
-    done = launch(env)
+    return launch(env)
+
+
+@pytest.mark.parametrize("provider", [{"call_id": "call_refund_1"}, {"call_id": ""}],
+                         indirect=True, ids=["provider-id", "no-provider-id"])
+def test_an_openai_model_through_litellm_calls_a_tool_and_pairs_its_result(
+    pg_store: str, provider: FakeProvider
+) -> None:
+    run = prepare_run(pg_store, "litellm-1")
+    done = run_through_litellm(run, provider)
     assert done.returncode == RunnerExit.SUCCESS, (
         f"exit {done.returncode}; provider saw: {provider.problems}\n{done.stderr[-4000:]}")
     assert provider.problems == []
@@ -163,3 +180,36 @@ def test_an_openai_model_through_litellm_calls_a_tool_and_pairs_its_result(
     got = query(pg_store, lambda e: store.get_outcome(e, run.uid, 1))
     assert got is not None and got.status == "succeeded"
     assert query(pg_store, lambda e: store.tools_executed(e, run.uid, 1)) == ["send_email"]
+
+
+# The OpenAI client retries a 429 twice by itself (3 requests per model call) before
+# LiteLLM raises its RateLimitError; the runner's rules take it from there.
+
+
+@pytest.mark.parametrize("provider", [{"limited": 3}], indirect=True)
+def test_a_providers_rate_limit_before_any_call_is_retried(
+    pg_store: str, provider: FakeProvider
+) -> None:
+    run = prepare_run(pg_store, "litellm-429")
+    done = run_through_litellm(run, provider)
+    assert done.returncode == RunnerExit.SUCCESS, done.stderr[-4000:]
+    # 3 refused (one model call), then the call of send_email and the answer.
+    assert len(provider.requests) == 5
+    assert query(pg_store, lambda e: store.tools_executed(e, run.uid, 1)) == ["send_email"]
+
+
+@pytest.mark.parametrize("provider", [{"limited_after_call": True}], indirect=True)
+def test_a_providers_rate_limit_after_a_call_stops_the_run(
+    pg_store: str, provider: FakeProvider
+) -> None:
+    run = prepare_run(pg_store, "litellm-429-after")
+    done = run_through_litellm(run, provider)
+    assert done.returncode == RunnerExit.RATE_LIMITED_AFTER_TOOL_CALL, done.stderr[-4000:]
+    got = query(pg_store, lambda e: store.get_outcome(e, run.uid, 1))
+    assert got is not None and got.reason == Reason.RATE_LIMITED_AFTER_TOOL_CALL
+    assert got.message and "send_email" in got.message
+    # The model was not asked again after the client's own retries gave up.
+    assert len(provider.requests) == 1 + 3
+    sent = [r for r in query(pg_store, lambda e: store.outbox(e, run.name))
+            if r.tool == "send_email"]
+    assert len(sent) == 1

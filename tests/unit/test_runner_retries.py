@@ -197,3 +197,22 @@ def test_a_resumed_script_continues_after_the_turns_its_history_holds() -> None:
     assert resume_position(script, 0) == 0
     assert resume_position(script, 1) == 1  # the sleep before send_email is still to come
     assert resume_position(script, 2) == 3  # the 429 after it is played again
+
+
+def test_a_providers_429_through_litellm_or_anthropic_is_a_rate_limit() -> None:
+    import anthropic
+    import httpx
+    import litellm
+
+    request = httpx.Request("POST", "http://127.0.0.1:1/v1/chat/completions")
+    limited = httpx.Response(429, headers={"retry-after": "3"}, request=request)
+    for error in (
+        litellm.RateLimitError("slow down", llm_provider="openai", model="m", response=limited),
+        anthropic.RateLimitError("slow down", response=limited, body=None),
+    ):
+        wrapped = RuntimeError("model failed")
+        wrapped.__cause__ = error
+        assert rate_limit_of(wrapped) is error
+        assert retry_delay(error) == 3.0
+    other = httpx.Response(500, request=request)
+    assert rate_limit_of(anthropic.InternalServerError("down", response=other, body=None)) is None
