@@ -163,7 +163,7 @@ class ModelRetries(BasePlugin):
         self.models = dict(models)
         self.watch = watch
         self.sleep = sleep
-        self._request: LlmRequest | None = None
+        self._requests: dict[str, LlmRequest] = {}
         # The answer a retry produced: ADK shows it to after_model_callback too, where it
         # must not be judged (or counted) twice.
         self._settled: LlmResponse | None = None
@@ -172,8 +172,8 @@ class ModelRetries(BasePlugin):
         self, *, callback_context: CallbackContext, llm_request: LlmRequest
     ) -> LlmResponse | None:
         # after_model_callback is not given the request; an empty turn is asked again
-        # with it. One model call at a time per runner process.
-        self._request = llm_request
+        # with it (by agent: agents of a ParallelAgent call their models side by side).
+        self._requests[callback_context.agent_name] = llm_request
         return None
 
     async def on_model_error_callback(
@@ -196,10 +196,11 @@ class ModelRetries(BasePlugin):
         if llm_response is self._settled:
             self._settled = None
             return None
-        if not _is_empty(llm_response) or self._request is None:
+        request = self._requests.get(callback_context.agent_name)
+        if not _is_empty(llm_response) or request is None:
             self.watch.saw(llm_response)
             return None
-        return await self._retry(callback_context, self._request, error=None, empty=0)
+        return await self._retry(callback_context, request, error=None, empty=0)
 
     async def _retry(
         self, context: CallbackContext, request: LlmRequest, *, error: Exception | None,
