@@ -159,9 +159,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         commands = readme_install_block()
         assert commands[0] == "make images", commands
         listed = _sh(commands[0], env, timings)
-        for line in listed.splitlines():
-            _name, archive, *_ = line.split("\t")
-            node.import_image(Path(archive))
+        # `make images` prints `name<TAB>archive<TAB>size` per image (after make's own
+        # echo of the command).
+        archives = [Path(line.split("\t")[1]) for line in listed.splitlines()
+                    if line.count("\t") >= 2]
+        assert len(archives) == 3 and all(a.is_file() for a in archives), listed
+        for archive in archives:
+            node.import_image(archive)
         _postgres_volume(plane, root)
         for command in commands[1:]:
             _sh(command, env, timings, timeout=900)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import yaml
+
 from agentrun_devtools.controlplane import REPO
 
 CRDS = REPO / "crds"
@@ -21,19 +23,43 @@ ARGOCD_PATCH = ARGOCD / "argocd-cm-patch.yaml"
 COMMAND = "make chart-crds"
 
 
+def _header(source: Path) -> str:
+    return (f"# Generated from crds/{source.name} by `{COMMAND}`: edit that file, not "
+            "this copy.\n")
+
+
 def _copied(source: Path) -> bytes:
-    header = (f"# Generated from crds/{source.name} by `{COMMAND}`: edit that file, not "
-              "this copy.\n")
-    return header.encode() + source.read_bytes()
+    return _header(source).encode() + source.read_bytes()
+
+
+def _guarded(source: Path) -> bytes:
+    """A template of `source` in which each object is rendered only when the release may
+    own it (agentrun.ours): absent from the cluster, or already this release's. What
+    `make install` applied stays `make install`'s (it keeps it current, as it does the
+    CRDs), so `make install` then `helm install` do not collide."""
+    parts = []
+    for doc in source.read_text().split("\n---\n"):
+        body = "\n".join(line for line in doc.splitlines() if not line.startswith("#"))
+        found = yaml.safe_load(body)
+        if not found:
+            parts.append(doc)
+            continue
+        ref = (f'(list . "{found["apiVersion"]}" "{found["kind"]}" '
+               f'"{found["metadata"]["name"]}")')
+        parts.append(f"{{{{ if include \"agentrun.ours\" {ref} -}}}}\n{doc.rstrip()}\n"
+                     "{{ end -}}")
+    return (_header(source) + "\n---\n".join(parts) + "\n").encode()
 
 
 def copies() -> dict[Path, bytes]:
     """The chart's copy of every file of crds/: the CRDs in the chart's crds/ (Helm installs
-    them once and never upgrades them), the rest as templates."""
+    them once and never upgrades them), the rest as templates, guarded (_guarded)."""
     out = {}
     for source in sorted(CRDS.glob("*.yaml")):
-        is_crd = source.name.startswith("agentrun.dev_")
-        out[CHART / ("crds" if is_crd else "templates") / source.name] = _copied(source)
+        if source.name.startswith("agentrun.dev_"):
+            out[CHART / "crds" / source.name] = _copied(source)
+        else:
+            out[CHART / "templates" / source.name] = _guarded(source)
     return out
 
 

@@ -40,3 +40,17 @@ group agentrun:operators instead.
 {{- define "agentrun.operatorServiceAccount" -}}
 agentrun-operator
 {{- end }}
+
+{{/*
+"yes" unless the object (list . apiVersion kind name, cluster-scoped) exists and this
+release does not own it. The admission policies and ClusterRoles are also what
+`make install` applies from crds/; when it already has, the chart leaves them to it (it
+keeps them current with the CRDs) instead of refusing to install over them.
+*/}}
+{{- define "agentrun.ours" -}}
+{{- $root := index . 0 -}}
+{{- $found := lookup (index . 1) (index . 2) "" (index . 3) -}}
+{{- if or (not $found) (eq (dig "metadata" "annotations" "meta.helm.sh/release-name" "" $found) $root.Release.Name) -}}
+yes
+{{- end -}}
+{{- end }}
