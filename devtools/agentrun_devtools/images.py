@@ -425,8 +425,12 @@ class Container:
         self.bundle = bundle
         self.name = name
         self.state = bundle.parent / "runc"
+        # Each container starts from the image's own config, kept beside the one runc reads.
         config_file = bundle / "config.json"
-        config = json.loads(config_file.read_text())
+        original = bundle / "config.image.json"
+        if not original.exists():
+            shutil.copyfile(config_file, original)
+        config = json.loads(original.read_text())
         process = config["process"]
         process["terminal"] = False
         # The chart drops every capability.
@@ -474,6 +478,11 @@ class Container:
             self.child = subprocess.Popen(
                 self._runc("run", "--bundle", str(self.bundle), self.name),
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+
+    def exec(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run a command in the started container (as a kubelet's exec probe does)."""
+        return subprocess.run(self._runc("exec", self.name, *args), capture_output=True,
+                              text=True, timeout=60, stdin=subprocess.DEVNULL)
 
     def stop(self, timeout: float = 30) -> int | None:
         """SIGTERM (what the kubelet sends), then wait; returns the exit code."""

@@ -1,0 +1,211 @@
+"""The images `make images` builds, run from their OCI archives with runc the way a kubelet
+would run them: as the image's user, read-only root filesystem, tmpfs for the emptyDirs.
+
+The archives come from the cached build (seconds when nothing changed; a cold build takes
+minutes). Building needs root (buildah, runc); a machine without it fails here with the
+reason rather than skipping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import tarfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import psycopg
+import pytest
+from agentrun_devtools import images
+from agentrun_devtools.processes import free_port
+
+NAMES = {
+    "operator": "docker.io/agentrun/operator:dev",
+    "runner": "docker.io/agentrun/runner:dev",
+    "postgres": "docker.io/agentrun/postgres:dev",
+}
+UIDS = {"operator": 10001, "runner": 10001, "postgres": 999}
+
+
+@pytest.fixture(scope="module")
+def archives() -> dict[str, Path]:
+    if os.geteuid() != 0:
+        pytest.fail("building and running images needs root (buildah, runc)")
+    return images.build(images.default_images("agentrun/operator:dev", "agentrun/runner:dev",
+                                              "agentrun/postgres:dev"))
+
+
+@pytest.fixture(scope="module")
+def bundles(archives: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+            ) -> dict[str, Path]:
+    return {short: images.unpack(archive, tmp_path_factory.mktemp(short))
+            for short, archive in archives.items()}
+
+
+def container(bundles: dict[str, Path], short: str, args: list[str] | None = None,
+              env: dict[str, str] | None = None, mounts: Sequence[images.Mount] = ()
+              ) -> images.Container:
+    """The image as the chart runs it: an emptyDir at /tmp, and whatever else it mounts."""
+    name = f"agentrun-test-{short}-{os.getpid()}-{secrets.token_hex(3)}"
+    return images.Container(bundles[short], name, args=args, env=env,
+                            mounts=[images.Mount("/tmp"), *mounts])
+
+
+@pytest.mark.parametrize("short", sorted(NAMES))
+def test_archive_names_its_image_for_containerd(archives: dict[str, Path], short: str) -> None:
+    # `ctr -n k8s.io images import` registers io.containerd.image.name; kubelet looks up
+    # `agentrun/operator:dev` as docker.io/agentrun/operator:dev.
+    with tarfile.open(archives[short]) as tar:
+        member = tar.extractfile("index.json")
+        assert member is not None
+        index = json.load(member)
+    [manifest] = index["manifests"]
+    assert manifest["annotations"]["io.containerd.image.name"] == NAMES[short]
+
+
+@pytest.mark.parametrize("short", sorted(NAMES))
+def test_runs_as_its_non_root_user(bundles: dict[str, Path], short: str) -> None:
+    # Postgres images need no Python (postgres:15 has none): ask bash there.
+    args = ["bash", "-c", "echo $(id -u) $(id -g); : > /written || true; echo ok > /tmp/x"]
+    if short != "postgres":
+        args = ["python3", "-c", "import os\n"
+                "print(os.getuid(), os.getgid())\n"
+                "try:\n    open('/written', 'w')\nexcept OSError as e:\n    print(e.strerror)\n"
+                "open('/tmp/x', 'w').write('ok')\n"]
+    probe = container(bundles, short, args=args)
+    done = probe.run()
+    assert done.returncode == 0, done.stderr
+    uid = UIDS[short]
+    assert done.stdout.split()[:2] == [str(uid), str(uid)]
+    assert "Read-only file system" in done.stdout + done.stderr
+
+
+def test_operator_prints_its_help(bundles: dict[str, Path]) -> None:
+    done = container(bundles, "operator", args=["agentrun-operator", "--help"]).run()
+    assert done.returncode == 0, done.stderr
+    assert "usage: agentrun-operator" in done.stdout
+    store_api = container(bundles, "operator", args=["agentrun-store-api", "--help"]).run()
+    assert store_api.returncode == 0, store_api.stderr
+
+
+def test_runner_refuses_to_start_without_a_durable_store(bundles: dict[str, Path]) -> None:
+    env = {
+        "AGENTRUN_NAMESPACE": "default", "AGENTRUN_RUN_NAME": "image-check",
+        "AGENTRUN_RUN_UID": "00000000-0000-0000-0000-000000000001", "AGENTRUN_ATTEMPT": "1",
+        "AGENTRUN_AGENT": "noop-agent", "AGENTRUN_INPUT_DIGEST": "sha256:0",
+    }
+    done = container(bundles, "runner", env=env).run()
+    assert done.returncode not in (0, None)
+    assert "no durable session store is configured" in done.stderr, done.stderr
+
+
+@pytest.fixture
+def volume(tmp_path: Path) -> Path:
+    # A fresh PersistentVolume as the kubelet hands it over with fsGroup 999: root's, group
+    # 999, group-writable, setgid.
+    data = tmp_path / "volume"
+    data.mkdir()
+    os.chown(data, 0, 999)
+    data.chmod(0o2770)
+    return data
+
+
+def _connect(port: int, password: str, deadline: float) -> psycopg.Connection:
+    while True:
+        try:
+            return psycopg.connect(host="127.0.0.1", port=port, user="agentrun",
+                                   password=password, dbname="agentrun", connect_timeout=3)
+        except psycopg.OperationalError as error:
+            if "password authentication failed" in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
+@pytest.fixture
+def postgres(bundles: dict[str, Path], volume: Path, tmp_path: Path
+             ) -> Iterator[tuple[images.Container, int, str, Path]]:
+    port = free_port()
+    password = secrets.token_urlsafe(24)
+    env = {"POSTGRES_USER": "agentrun", "POSTGRES_PASSWORD": password,
+           "POSTGRES_DB": "agentrun", "PGPORT": str(port)}
+    server = container(bundles, "postgres", env=env, mounts=[
+        images.Mount("/var/lib/postgresql/data", volume), images.Mount("/var/run/postgresql")])
+    log = tmp_path / "postgres.log"
+    server.start(log)
+    try:
+        yield server, port, password, log
+    finally:
+        server.stop()
+
+
+def test_postgres_initialises_its_volume_and_takes_password_logins(
+    postgres: tuple[images.Container, int, str, Path], volume: Path, bundles: dict[str, Path]
+) -> None:
+    server, port, password, log = postgres
+    try:
+        connection = _connect(port, password, time.monotonic() + 90)
+    except psycopg.OperationalError as error:
+        pytest.fail(f"{error}\n{log.read_text()}")
+    with connection:
+        row = connection.execute("select current_user, current_database(), "
+                                 "current_setting('data_directory')").fetchone()
+    assert row == ("agentrun", "agentrun", "/var/lib/postgresql/data/pgdata")
+    assert (volume / "pgdata" / "PG_VERSION").read_text().strip() == "15"
+    assert (volume / "pgdata").stat().st_uid == 999
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        _connect(port, "wrong", time.monotonic() + 10)
+    assert "initialised /var/lib/postgresql/data/pgdata" in log.read_text()
+    # The chart's readiness probe, run inside the container.
+    probe = server.exec("pg_isready", "-U", "agentrun")
+    assert probe.returncode == 0, probe.stdout + probe.stderr
+    # SIGTERM, as on pod deletion: a clean shutdown.
+    assert server.stop() == 0, log.read_text()
+
+    # The pod comes back on its volume with another password in its env: the data and the
+    # first password stay (the chart keeps its Secret for this reason).
+    again = container(bundles, "postgres", env={
+        "POSTGRES_USER": "agentrun", "POSTGRES_PASSWORD": "another", "POSTGRES_DB": "agentrun",
+        "PGPORT": str(port)}, mounts=[images.Mount("/var/lib/postgresql/data", volume),
+                                     images.Mount("/var/run/postgresql")])
+    again_log = log.with_name("again.log")
+    again.start(again_log)
+    try:
+        with _connect(port, password, time.monotonic() + 90) as connection:
+            assert connection.execute("select 1").fetchone() == (1,)
+    finally:
+        assert again.stop() == 0, again_log.read_text()
+    assert "initialised" not in again_log.read_text()
+
+
+def test_postgres_refuses_to_initialise_without_a_password(
+    bundles: dict[str, Path], volume: Path
+) -> None:
+    done = container(bundles, "postgres", env={"POSTGRES_USER": "agentrun"}, mounts=[
+        images.Mount("/var/lib/postgresql/data", volume),
+        images.Mount("/var/run/postgresql")]).run()
+    assert done.returncode == 1
+    assert "POSTGRES_PASSWORD is empty" in done.stderr
+    assert list(volume.iterdir()) == []
+
+
+def local_certificates() -> list[str]:
+    """The PEM bodies of the CAs this host adds to Debian's bundle (an intercepting proxy)."""
+    found = []
+    for path in Path("/usr/local/share/ca-certificates").glob("*.crt"):
+        found += re.findall(r"-----BEGIN CERTIFICATE-----(.+?)-----END", path.read_text(),
+                            re.S)
+    return found
+
+
+@pytest.mark.parametrize("short", sorted(NAMES))
+def test_the_hosts_ca_bundle_is_not_baked_in(bundles: dict[str, Path], short: str) -> None:
+    local = local_certificates()
+    if not local:
+        pytest.skip("this host adds no CA of its own to tell its bundle from Debian's")
+    bundle = bundles[short] / "rootfs" / "etc" / "ssl" / "certs" / "ca-certificates.crt"
+    assert bundle.exists()
+    text = bundle.read_text()
+    assert not any(body in text for body in local)
