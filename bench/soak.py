@@ -44,6 +44,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -549,6 +550,10 @@ class Injector:
         self.mean_gap = mean_gap
         self.faults: list[Fault] = []
         self.stop = threading.Event()
+        # The processes this thread restarts die with it (Child's parent-death signal is
+        # per thread): it ends only once they were stopped.
+        self.finished = threading.Event()
+        self.release = threading.Event()
 
     def leader(self) -> Operator | None:
         done = self.plane.kubectl("get", "lease", "agentrun-operator", "-n", NAMESPACE, "-o",
@@ -560,6 +565,13 @@ class Injector:
         return None
 
     def loop(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self.finished.set()
+            self.release.wait()
+
+    def _loop(self) -> None:
         kinds = [k for k in FAULTS if self.pg is not None or k != "postgres-stop"]
         # Drawn from a shuffled deck, not independently: every kind happens in every round
         # (a soak that never lost its node proved nothing about it). The pod faults are
@@ -630,9 +642,9 @@ class Injector:
         elif kind == "postgres-stop":
             assert self.pg is not None
             fault.target = "postgres"
-            self.pg.halt()
+            halt_postgres(self.pg)
             time.sleep(self.rng.uniform(2, 6))
-            self.pg.resume()
+            resume_postgres(self.pg)
         elif kind == "store-api-restart":
             fault.target = "agentrun-store-api"
             self.store_api.stop()
@@ -643,6 +655,29 @@ class Injector:
         node = self.core.read_node("dev-node")
         ready = [c for c in node.status.conditions or [] if c.type == "Ready"]
         return bool(ready) and ready[0].status == "True" and not node.spec.taints
+
+
+def halt_postgres(pg: Postgres) -> None:
+    """A fast shutdown (SIGINT): the smart one (Postgres.halt's SIGTERM) waits for every
+    client, and its SIGKILL after the grace would leave backends holding the shared
+    memory, so that the server could not start again."""
+    if pg.child is not None:
+        os.kill(pg.child.pid, signal.SIGINT)
+        wait_for(lambda: pg.child is None or not pg.child.alive(), timeout=60,
+                 what="postgres stopped", interval=0.2)
+    pg.halt()
+
+
+def resume_postgres(pg: Postgres) -> None:
+    for attempt in range(3):
+        try:
+            pg.resume()
+            return
+        except (TimeoutError, ProcessDied):
+            pg.halt()
+            if attempt == 2:
+                raise
+            time.sleep(5)
 
 
 # -- the checker -----------------------------------------------------------------------------
@@ -967,7 +1002,7 @@ def main() -> int:
     began = _now()
     plane = ControlPlane(work / "cp").start()
     pg: Postgres | None = None
-    node = store_api = meter = None
+    node = store_api = meter = injector = None
     operators: list[Operator] = []
     stop = threading.Event()
     ok = False
@@ -1014,7 +1049,7 @@ def main() -> int:
             if driver.created >= args.runs:
                 injector.stop.set()
         injector.stop.set()
-        faults.join(300)
+        injector.finished.wait(300)
         last_fault = max((fl.at + fl.took for fl in injector.faults), default=_now())
         say(f"driver done at {_now() - began:.0f} s; last fault ended at "
             f"{last_fault - began:.0f} s; waiting for every run to settle (up to "
@@ -1030,6 +1065,8 @@ def main() -> int:
                      what="every run settled", interval=2)
         wall = _now() - began
         meter.stop()
+        if pg is not None and pg.child is None:  # a fault that could not bring it back
+            resume_postgres(pg)
         facts = read_facts(api, url)
         checker = Checker(facts, seen, driver.out, injector.faults)
         checker.check()
@@ -1081,6 +1118,8 @@ def main() -> int:
         if pg is not None:
             pg.stop()
         plane.stop()
+        if injector is not None:
+            injector.release.set()
         if not ok:
             print(f"soak failed to complete; logs kept in {work}", file=sys.stderr)
     say.write(out)
