@@ -558,7 +558,13 @@ def application(authority: Authority, routes: Routes,
             [web.Request], Awaitable[web.StreamResponse]]:
         return _route(authority, ready, handler, ledger)
 
+    async def livez(_: web.Request) -> web.Response:
+        # Alive is not ready: a store API waiting for its schema (or its database) is
+        # healthy, and restarting it would not bring the schema sooner.
+        return web.json_response({"ok": True})
+
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/livez", livez)
     app.router.add_get("/v1/attempt", on(routes.whoami))
     app.router.add_post("/v1/attempt/begin", on(routes.begin))
     app.router.add_post("/v1/attempt/invocation", on(routes.invocation))

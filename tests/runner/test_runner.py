@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -289,6 +290,11 @@ def test_refuses_a_store_that_was_never_migrated(
             return {r[0] for r in rows}
 
     assert "runs" not in query(postgres_url, tables)  # never created silently
+    # Not ready, yet alive: a liveness probe must not restart a store API waiting for
+    # its schema.
+    assert not api.healthy()
+    with urllib.request.urlopen(f"{api.url}/livez", timeout=5) as answer:
+        assert answer.status == 200
 
 
 def test_input_gone_fails_before_the_agent_starts(pg_store: str) -> None:
