@@ -701,8 +701,10 @@ async def journal_of(engine: AsyncEngine, uid: str, attempt: int) -> Journal:
 async def _with_runner_account(ctx: Context, uid: str, attempt: int,
                                outcome: Outcome) -> Outcome:
     """The runner's own account of a plain exit (its reason and message) is more precise
-    than an exit code; the cluster's account of a disruption wins over the runner's."""
-    if outcome.reason not in (Reason.AGENT_ERROR, Reason.SUCCEEDED):
+    than an exit code; the cluster's account of a disruption wins over the runner's, unless
+    the runner had recorded that the agent finished: what happened to its pod after the
+    answer (an eviction while the process exits) changes nothing the run did."""
+    if outcome.reason in _NOTHING_RAN:
         return outcome
     try:
         recorded = await store.get_outcome(ctx.engine, uid, attempt)
@@ -711,6 +713,10 @@ async def _with_runner_account(ctx: Context, uid: str, attempt: int,
         metrics.STORE_ERRORS.labels("outcome").inc()
         return outcome
     told = _recorded(recorded, outcome.message)
+    if told is not None and told.phase == Phase.SUCCEEDED:
+        return told
+    if outcome.reason not in (Reason.AGENT_ERROR, Reason.SUCCEEDED):
+        return outcome
     return told if told is not None and told.phase == outcome.phase else outcome
 
 
