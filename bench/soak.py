@@ -858,7 +858,23 @@ class Checker:
                             beside.append(f"{run}: attempt {n} pod seen "
                                           f"{(earlier.dead or _now()) - pod.added:.1f} s before "
                                           f"attempt {n - 1}'s pod ended")
-        self.figure("attempts started beside a live attempt", beside)
+        # Live means unsettled in the store: a settled attempt is fenced (the store API
+        # refuses its runner every ledger, session and outbox write, and no new tool call
+        # may start in it), whether or not its pod is still going away.
+        live_beside = []
+        rows = {(a.run_uid, a.attempt): a for a in f.attempts}
+        names = {self.uid(n): n for n in f.runs}
+        for (uid, n), row in rows.items():
+            before = rows.get((uid, n - 1))
+            if before is None or row.started_at is None:
+                continue
+            settled = _aware(before.finished_at) if before.finished_at is not None else None
+            if settled is None or _aware(row.started_at) < settled:
+                live_beside.append(f"{names.get(uid, uid)}: attempt {n} started at "
+                                   f"{row.started_at}, attempt {n - 1} settled at {settled}")
+        self.figure("attempts started beside a live (unsettled) attempt", live_beside)
+        self.figure("runner pods of a settled, fenced attempt still present when the next "
+                    "attempt's pod was created", beside, must_be_zero=False)
 
         bad_end = []
         for name, kind in self.out.bad.items():
