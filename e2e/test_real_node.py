@@ -166,8 +166,12 @@ def test_eviction_latency_beside_the_job_controller(cluster: Cluster) -> None:
                                "action": "FailJob", "onPodConditions": [
                                    {"type": "DisruptionTarget"}]}]},
                                "template": {"spec": {"restartPolicy": "Never", "containers": [{
+                                   # Exits at once on SIGTERM, as the runner does: a
+                                   # bare `sleep` as PID 1 ignores it and the Job would
+                                   # wait out the 30 s grace period.
                                    "name": "c", "image": "agentrun/runner:dev",
-                                   "command": ["sleep", "300"]}]}}}})
+                                   "command": ["/bin/sh", "-c",
+                                               "trap 'exit 143' TERM; sleep 300 & wait"]}]}}}})
         pod = ""
 
         def running(j: str = job) -> bool:
