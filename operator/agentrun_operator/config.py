@@ -12,8 +12,10 @@ from agentrun.vocabulary import DEFAULT_STALE_SECONDS, DEFAULT_TOLERATION_SECOND
 from agentrun_operator import logs
 
 REPO = Path(__file__).resolve().parents[2]
-# The embedded default store of the development cluster.
-DEV_DATABASE_URL = f"sqlite:///{REPO / '.local' / 'agentrun.db'}"
+# The embedded default store of the development cluster, in the checkout this runs from;
+# installed elsewhere (a wheel, an image) there is no default: the store must be named.
+_CHECKOUT = (REPO / "pyproject.toml").is_file() and (REPO / "operator").is_dir()
+DEV_DATABASE_URL = f"sqlite:///{REPO / '.local' / 'agentrun.db'}" if _CHECKOUT else ""
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,9 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
         p.error("runner pods need the store API: give --store-api-listen (serve it here) "
                 "or --store-api-url (where agentrun-store-api serves it)")
     grace = a.node_lost_grace if a.node_lost_grace >= 0 else float(a.toleration_seconds)
+    if not a.database_url:
+        p.error("no run store: set --database-url or DATABASE_URL (postgresql+psycopg://... "
+                "in a cluster; sqlite:///PATH on a development machine)")
     return OperatorConfig(
         database_url=a.database_url,
         store_api_listen=a.store_api_listen,

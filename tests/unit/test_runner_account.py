@@ -53,3 +53,15 @@ def test_a_plain_failure_takes_the_runners_reason(tmp_path: Path) -> None:
     plain = Outcome(Phase.FAILED, Reason.AGENT_ERROR, "exit 1")
     got = account(tmp_path, (RunStatus.FAILED, Reason.RATE_LIMITED_AFTER_TOOL_CALL), plain)
     assert got.reason == Reason.RATE_LIMITED_AFTER_TOOL_CALL
+
+
+def test_the_operator_names_its_store_or_says_it_needs_one(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentrun_operator import config
+
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    # From this checkout: the development cluster's SQLite file in its .local.
+    assert config.parse([]).database_url == f"sqlite:///{config.REPO / '.local' / 'agentrun.db'}"
+    with pytest.raises(SystemExit):
+        config.parse(["--database-url", ""])
+    assert "no run store: set --database-url or DATABASE_URL" in capsys.readouterr().err
