@@ -250,6 +250,9 @@ class DevNode:
         self.extra_path = extra_path
         self.pods: dict[str, PodProcess] = {}  # by pod uid
         self.finished: set[str] = set()  # uids whose status we reported as terminal
+        # Pods whose containers died with the node (simulated power loss), reported when
+        # the node is back.
+        self.vanished: dict[str, PodProcess] = {}
         self.blocked: dict[str, Blocked] = {}  # by pod uid: could not start yet, retried
         self.lost = False
         self.stopping = threading.Event()
@@ -350,6 +353,7 @@ class DevNode:
                     log.info("event=node-back node=%s", NODE_NAME)
                     self.lost = False
                     last_status = 0.0
+                    self.events.put(("back", None))
                     # Pods changed while we were silent (deleted, evicted): look again.
                     for pod in self.core.list_pod_for_all_namespaces(
                             field_selector=f"spec.nodeName={NODE_NAME}").items:
@@ -415,10 +419,19 @@ class DevNode:
             elif kind == "exited":
                 self._on_exit(item)
             elif kind == "lost":
+                # Power lost: every container dies. Back, a kubelet does not restart a
+                # restartPolicy Never container it can no longer find; it reports it
+                # terminated (ContainerStatusUnknown) and the pod Failed.
                 for proc in list(self.pods.values()):
                     self._kill(proc, signal.SIGKILL)
+                    self.finished.add(proc.uid)
+                    self.vanished[proc.uid] = proc
                 self.pods.clear()
                 self.blocked.clear()
+            elif kind == "back":
+                for proc in list(self.vanished.values()):
+                    self._report_vanished(proc)
+                self.vanished.clear()
             elif kind == "tick" and not self.lost:
                 self._check_deadlines()
                 self._retry_blocked()
@@ -629,6 +642,22 @@ class DevNode:
                 "state": {"waiting": {
                     "reason": "ErrImagePull",
                     "message": f'failed to pull image "{container.image}": not found'}},
+            }],
+        })
+
+    def _report_vanished(self, proc: PodProcess) -> None:
+        """A container that died with the node, as a kubelet back from a power loss shows
+        it: terminated, ContainerStatusUnknown, exit 137; the pod Failed."""
+        log.info("event=vanished pod=%s/%s", proc.namespace, proc.name)
+        self._patch_status(proc.namespace, proc.name, {
+            "phase": "Failed", "conditions": self._conditions(ready=False),
+            "containerStatuses": [{
+                "name": proc.container, "ready": False, "started": False, "restartCount": 0,
+                "image": "", "imageID": "", "state": {"terminated": {
+                    "exitCode": 137, "reason": "ContainerStatusUnknown",
+                    "message": "The container could not be located when the pod was "
+                               "terminated", "startedAt": _stamp(proc.started_at),
+                    "finishedAt": _stamp()}},
             }],
         })
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from agentrun_devtools.processes import wait_for
+from agentrun_devtools.processes import Child, wait_for
 
 from agentrun import store
 from agentrun.vocabulary import Condition, Phase, Reason, RunStatus
@@ -195,6 +195,37 @@ def test_node_lost(system: System, namespace: str) -> None:
     assert run["status"]["reason"] == Reason.NODE_LOST
     assert run["status"]["toolsExecuted"] == ["send_email"]
     assert took < 120, took
+
+
+def test_back_from_a_power_loss_a_runner_is_not_started_again(
+        system: System, namespace: str, dev_node: Child) -> None:
+    """The node comes back after losing power: the runner pod (restartPolicy Never) is
+    reported Failed, ContainerStatusUnknown, as a kubelet does; its runner never runs a
+    second time (found by make soak: a second process of the same attempt wrote to its
+    session, and the resumed attempt then sent the email again)."""
+    system.apply(in_namespace(agent_run("blackout", email_then_wait(120)), namespace))
+    uid = system.wait_phase(namespace, "blackout", Phase.RUNNING)["metadata"]["uid"]
+    system.wait_ledger(uid, "send_email")
+    system.kubectl("annotate", "node", "dev-node", "dev.agentrun.dev/simulate=lost")
+    try:
+        system.wait_phase(namespace, "blackout", Phase.FAILED, Phase.SUCCEEDED, timeout=120)
+    finally:
+        system.kubectl("annotate", "node", "dev-node", "dev.agentrun.dev/simulate-")
+        wait_node_healthy(system)
+
+    def vanished() -> bool:
+        pod = system.get("pod", namespace, "blackout-1") or {}
+        states = [c.get("state") or {} for c in (pod.get("status") or {}).get(
+            "containerStatuses") or []]
+        return pod.get("status", {}).get("phase") == "Failed" and any(
+            (s.get("terminated") or {}).get("reason") == "ContainerStatusUnknown"
+            for s in states)
+
+    wait_for(vanished, timeout=60, what="blackout-1 Failed, ContainerStatusUnknown")
+    started = dev_node.log_path.read_text().count(f"event=started pod={namespace}/blackout-1 ")
+    assert started == 1, "the runner was started again after the node came back"
+    emails = [e for e in system.emails("blackout") if e.tool == "send_email"]
+    assert len(emails) == 1
 
 
 def wait_node_healthy(system: System) -> None:
