@@ -409,7 +409,7 @@ async def _no_pod(ctx: Context, run: Mapping[str, Any], attempt: int, key: Key) 
         if found is not None and owns(run, found):
             return 0.5
     # It is gone: how the runner said it ended, if it did.
-    last = ctx.gone.pop(key, None)
+    last = ctx.gone.get(key)  # dropped once the attempt is settled (_after_settle)
     if last is not None:
         outcome = classify(last, None, now(), ctx.config.node_lost_grace)
         if outcome is None or not outcome.terminal:
@@ -589,6 +589,10 @@ async def _finish(ctx: Context, run: Mapping[str, Any], attempt: int,
 async def _after_settle(ctx: Context, run: Mapping[str, Any], attempt: int, phase: str,
                         reason: str, message: str, tools: list[str] | None) -> float | None:
     spec, status = run.get("spec") or {}, run.get("status") or {}
+    # The attempt's last pod, cached or (deleted, as by an eviction) as last seen.
+    key = (run["metadata"]["namespace"], pod_name(run["metadata"]["name"], attempt))
+    gone = ctx.gone.pop(key, None)
+    last_pod = (ctx.pods.get(key) if ctx.pods is not None else None) or gone
     resume = await _resume_decision(ctx, run, attempt, phase, reason, tools)
     if resume is not None and resume.approved:
         following = attempt + 1
@@ -624,8 +628,7 @@ async def _after_settle(ctx: Context, run: Mapping[str, Any], attempt: int, phas
         events.post(run, resume.reason, f"Not resumed: {resume.message}", warning=True)
     await _write(ctx, run, settled)
     _log(run, "settled", attempt=attempt, phase=phase, reason=reason, tools=tools)
-    last = (run["metadata"]["namespace"], pod_name(run["metadata"]["name"], attempt))
-    metrics.settled(phase, reason, tools, ctx.pods.get(last) if ctx.pods is not None else None)
+    metrics.settled(phase, reason, tools, last_pod)
     told = "unknown (the run store could not be read)" if tools is None else (
         ", ".join(tools) or "none")
     events.post(run, reason, f"{message} Tools executed: {told}.",

@@ -33,12 +33,14 @@ def _pod(condition_age: float | None, deleted_age: float | None) -> dict[str, An
     return pod
 
 
-@pytest.mark.parametrize(("pod", "low", "high"), [
-    (_pod(10, 4), 10, 12),  # the condition, not the later deletion
-    (_pod(None, 4), 4, 6),  # no condition (the kubelet's own eviction): the deletion
+@pytest.mark.parametrize(("ages", "low", "high"), [
+    ((10, 4), 10, 12),  # the condition, not the later deletion
+    ((None, 4), 4, 6),  # no condition (the kubelet's own eviction): the deletion
 ], ids=["condition", "deletion"])
-def test_an_evicted_run_failed_observes_the_latency(pod: dict[str, Any], low: float,
-                                                    high: float) -> None:
+def test_an_evicted_run_failed_observes_the_latency(ages: tuple[float | None, float | None],
+                                                    low: float, high: float) -> None:
+    # Stamped now, not when the module was collected (a long session runs it much later).
+    pod = _pod(*ages)
     count = "agentrun_eviction_to_failed_seconds_count"
     total = "agentrun_eviction_to_failed_seconds_sum"
     before = _value(count, reason=Reason.EVICTED), _value(total, reason=Reason.EVICTED)
