@@ -709,6 +709,16 @@ imports = []
             "syncFrequency": "10s",
             "fileCheckFrequency": "10s",
             "imageMinimumGCAge": "24h",
+            # The host's disk is shared with everything else on the machine (build
+            # caches, other clusters): kubelet's default thresholds are percentages of it
+            # (imagefs.available < 15%, image GC from 85% used), which a busy development
+            # machine crosses without this node using much. Then it evicts every pod
+            # (DiskPressure) and garbage-collects the imported images, which no registry
+            # can bring back. Absolute thresholds, and no image GC.
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "2Gi",
+                             "imagefs.available": "2Gi", "nodefs.inodesFree": "5%"},
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
             "failSwapOn": False,
             "resolvConf": "/etc/resolv.conf",
             "logging": {"format": "text"},
