@@ -154,7 +154,13 @@ def test_eviction_latency_beside_the_job_controller(cluster: Cluster) -> None:
         cluster.apply(ns, run_manifest(name, [{"call": "send_email", "args": {
             **EMAIL, "delay_seconds": 300}}, {"text": "x"}]))
         cluster.wait_phase("agentrun", name, ns, ("Running",), timeout=240)
-        cluster.wait("email recorded", lambda n=name: emails(cluster, n) == 1, timeout=120)
+        try:
+            cluster.wait("email recorded", lambda n=name: emails(cluster, n) >= 1, timeout=240)
+        except TimeoutError as e:
+            status = cluster.get("agentrun", name, ns).get("status")
+            log = pod_log(cluster, ns, f"{name}-1")[-3000:]
+            raise AssertionError(f"{name}: {e}; status {status}; runner log:\n{log}") from e
+        assert emails(cluster, name) == 1
         said = evict(cluster, ns, f"{name}-1")
         run = cluster.wait_phase("agentrun", name, ns, ("Failed",), timeout=60)
         ours.append(time.monotonic() - said)
