@@ -11,7 +11,6 @@ tool ran); the same thing in two tenants' namespaces; `helm upgrade` keeping eve
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import time
 from typing import Any
@@ -141,67 +140,6 @@ def test_tenants_see_and_touch_only_their_own(cluster: Cluster) -> None:
         replay = cluster.kubectl("apply", "-n", other, "-f", "-", as_user=user, check=False,
                                  input=json.dumps(replay_manifest("peek", "statement-1")))
         assert replay.returncode != 0 and "forbidden" in replay.stderr, (user, replay.stderr)
-
-
-def test_eviction_latency_beside_the_job_controller(cluster: Cluster) -> None:
-    """10 evictions of each, timed from the Eviction API's answer to the terminal status
-    (the figures are printed; the assertion is that every one ended as evicted)."""
-    ns = "shop"
-    ours: list[float] = []
-    jobs: list[float] = []
-    for i in range(10):
-        name = f"lat-{i}"
-        cluster.apply(ns, run_manifest(name, [{"call": "send_email", "args": {
-            **EMAIL, "delay_seconds": 300}}, {"text": "x"}]))
-        cluster.wait_phase("agentrun", name, ns, ("Running",), timeout=240)
-        try:
-            cluster.wait("email recorded", lambda n=name: emails(cluster, n) >= 1, timeout=240)
-        except TimeoutError as e:
-            status = cluster.get("agentrun", name, ns).get("status")
-            log = pod_log(cluster, ns, f"{name}-1")[-3000:]
-            raise AssertionError(f"{name}: {e}; status {status}; runner log:\n{log}") from e
-        assert emails(cluster, name) == 1
-        said = evict(cluster, ns, f"{name}-1")
-        run = cluster.wait_phase("agentrun", name, ns, ("Failed",), timeout=60)
-        ours.append(time.monotonic() - said)
-        assert run["status"]["reason"] == "Evicted", run["status"]
-
-        job = f"job-{i}"
-        cluster.apply(ns, {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": job},
-                           "spec": {"backoffLimit": 0, "podFailurePolicy": {"rules": [{
-                               "action": "FailJob", "onPodConditions": [
-                                   {"type": "DisruptionTarget"}]}]},
-                               "template": {"spec": {"restartPolicy": "Never", "containers": [{
-                                   # Exits at once on SIGTERM, as the runner does: a
-                                   # bare `sleep` as PID 1 ignores it and the Job would
-                                   # wait out the 30 s grace period.
-                                   "name": "c", "image": "agentrun/runner:dev",
-                                   "command": ["/bin/sh", "-c",
-                                               "trap 'exit 143' TERM; sleep 300 & wait"]}]}}}})
-        pod = ""
-
-        def running(j: str = job) -> bool:
-            nonlocal pod
-            listed = json.loads(cluster.kubectl("get", "pods", "-n", ns, "-l",
-                                                f"job-name={j}", "-o", "json").stdout)
-            for p in listed["items"]:
-                if (p.get("status") or {}).get("phase") == "Running":
-                    pod = p["metadata"]["name"]
-                    return True
-            return False
-
-        cluster.wait("job pod running", running, timeout=120)
-        said = evict(cluster, ns, pod)
-        cluster.wait("job failed", lambda j=job: (cluster.get("job", j, ns).get("status") or {})
-                     .get("failed", 0) >= 1, timeout=120)
-        jobs.append(time.monotonic() - said)
-    q_ours, q_jobs = statistics.quantiles(ours, n=20), statistics.quantiles(jobs, n=20)
-    print(f"\nreal node, eviction -> terminal status, 10 each: agentrun p50 "
-          f"{statistics.median(ours) * 1000:.0f} ms p95 {q_ours[18] * 1000:.0f} ms; Job "
-          f"(podFailurePolicy) p50 {statistics.median(jobs) * 1000:.0f} ms p95 "
-          f"{q_jobs[18] * 1000:.0f} ms; ratio p50 "
-          f"{statistics.median(ours) / statistics.median(jobs):.2f}")
-    assert len(ours) == len(jobs) == 10
 
 
 def test_helm_upgrade_keeps_every_run(cluster: Cluster) -> None:
