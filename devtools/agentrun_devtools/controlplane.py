@@ -32,15 +32,19 @@ NODE_MONITOR_GRACE = "8s"
 NODE_MONITOR_PERIOD = "1s"
 
 
-def binaries() -> Path:
-    """The directory with the control plane binaries, building them on first use."""
-    given = os.environ.get("AGENTRUN_CONTROLPLANE_BIN")
+def built(script: Path, override: str) -> Path:
+    """The directory a build script (devtools/*/build.sh) prints on its last line,
+    building on first use; the environment variable `override` names one instead."""
+    given = os.environ.get(override)
     if given:
         return Path(given)
-    done = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True
-    )
+    done = subprocess.run(["bash", str(script)], check=True, stdout=subprocess.PIPE, text=True)
     return Path(done.stdout.strip().splitlines()[-1])
+
+
+def binaries() -> Path:
+    """The directory with the control plane binaries, building them on first use."""
+    return built(BUILD_SCRIPT, "AGENTRUN_CONTROLPLANE_BIN")
 
 
 class ControlPlane:

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from agentrun_devtools.controlplane import REPO, ControlPlane
+from agentrun_devtools.controlplane import REPO, ControlPlane, built
 from agentrun_devtools.processes import Child, ProcessDied, free_port, wait_for
 
 BUILD_SCRIPT = REPO / "devtools" / "realnode" / "build.sh"
@@ -108,13 +108,7 @@ SYSCTLS = (
 
 def binaries() -> Path:
     """The directory with the real node's binaries, building them on first use."""
-    given = os.environ.get("AGENTRUN_REALNODE_BIN")
-    if given:
-        return Path(given)
-    done = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True
-    )
-    return Path(done.stdout.strip().splitlines()[-1])
+    return built(BUILD_SCRIPT, "AGENTRUN_REALNODE_BIN")
 
 
 def unavailable() -> str | None:
