@@ -146,6 +146,13 @@ bench: venv controlplane ## benchmarks: ledger cost; eviction latency idle and u
 	$(PY) bench/scale.py --levels $(BENCH_LEVELS) $(BENCH_OUT)
 	$(PY) bench/resume.py --trials $(if $(BENCH_QUICK),5,20) $(BENCH_OUT)
 
+# Eviction latency on the real node (root; the cluster make test-e2e installs), beside the
+# Job controller: bench/results/eviction-realnode-<date>.txt.
+.PHONY: bench-real-node
+bench-real-node: venv controlplane ## eviction -> Failed on a real kubelet and containerd, beside the Job controller
+	bash devtools/realnode/build.sh
+	$(PY) bench/eviction_realnode.py --trials $(or $(TRIALS),10) $(BENCH_OUT)
+
 # The chaos soak (not part of `make test`): SOAK_RUNS runs under seeded faults, then the
 # invariant checker; exits non-zero when a must-be-0 figure is not 0. SOAK_STORE=sqlite for
 # the embedded store; the figures go to bench/results/soak-<store>-<date>.txt.

@@ -110,8 +110,11 @@ def _watch_until(list_fn: Callable[..., Any], name: str, done: Callable[[dict[st
             return
 
 
-def _timed_eviction(system: System, pod: str, list_fn: Callable[..., Any], name: str,
-                    done: Callable[[dict[str, Any]], bool], **kw: Any) -> float:
+def timed_eviction(core: client.CoreV1Api, pod_namespace: str, pod: str,
+                   list_fn: Callable[..., Any], name: str,
+                   done: Callable[[dict[str, Any]], bool], **kw: Any) -> float:
+    """Seconds from the Eviction API's answer for `pod` to a watch on `name` (opened
+    before the eviction, through `list_fn`) seeing `done`."""
     ready, result = threading.Event(), dict[str, float]()
     watcher = threading.Thread(target=_watch_until,
                                args=(list_fn, name, done, ready, result), kwargs=kw)
@@ -121,9 +124,9 @@ def _timed_eviction(system: System, pod: str, list_fn: Callable[..., Any], name:
     # The Eviction API from this process (what `kubectl drain` calls), on a connection
     # already open: the clock starts when the API server has answered, not when a kubectl
     # process has also exited (on a loaded machine that alone can take 100 ms).
-    _core.create_namespaced_pod_eviction(pod, NAMESPACE, {
+    core.create_namespaced_pod_eviction(pod, pod_namespace, {
         "apiVersion": "policy/v1", "kind": "Eviction",
-        "metadata": {"name": pod, "namespace": NAMESPACE}}, _preload_content=False)
+        "metadata": {"name": pod, "namespace": pod_namespace}}, _preload_content=False)
     evicted = time.monotonic()
     watcher.join(130)
     if "at" not in result:
@@ -143,10 +146,10 @@ def agentrun_trial(system: System, custom: client.CustomObjectsApi, i: int) -> f
         status = obj.get("status") or {}
         return status.get("phase") == "Failed" and "toolsExecuted" in status
 
-    return _timed_eviction(system, f"{name}-1",
-                           custom.list_namespaced_custom_object, name, failed,
-                           group="agentrun.dev", version="v1alpha1", namespace=NAMESPACE,
-                           plural="agentruns")
+    return timed_eviction(_core, NAMESPACE, f"{name}-1",
+                          custom.list_namespaced_custom_object, name, failed,
+                          group="agentrun.dev", version="v1alpha1", namespace=NAMESPACE,
+                          plural="agentruns")
 
 
 def job_trial(system: System, batch: client.BatchV1Api, i: int) -> float:
@@ -175,13 +178,26 @@ def job_trial(system: System, batch: client.BatchV1Api, i: int) -> float:
     def failed(obj: dict[str, Any]) -> bool:
         return int((obj.get("status") or {}).get("failed") or 0) >= 1
 
-    return _timed_eviction(system, pod, batch.list_namespaced_job, name, failed,
-                           namespace=NAMESPACE)
+    return timed_eviction(_core, NAMESPACE, pod, batch.list_namespaced_job, name, failed,
+                          namespace=NAMESPACE)
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
+    if len(values) < 2:
+        return dict.fromkeys(("p50", "p95", "p99", "max"), values[0] if values else float("nan"))
     q = statistics.quantiles(values, n=100, method="inclusive")
     return {"p50": statistics.median(values), "p95": q[94], "p99": q[98], "max": max(values)}
+
+
+def latency_table(say: Report, ours: list[float], jobs: list[float]) -> None:
+    a, j = percentiles(ours), percentiles(jobs)
+    keys = ("p50", "p95", "p99", "max")
+    say("| | p50 | p95 | p99 | max |\n|---|---|---|---|---|")
+    say("| agentrun (Failed + toolsExecuted) | " +
+        " | ".join(f"{a[k] * 1000:.0f} ms" for k in keys) + " |")
+    say("| Job controller (status.failed) | " +
+        " | ".join(f"{j[k] * 1000:.0f} ms" for k in keys) + " |")
+    say("| ratio agentrun / Job | " + " | ".join(f"{a[k] / j[k]:.2f}" for k in keys) + " |")
 
 
 class ParkNode:
@@ -332,16 +348,9 @@ def main() -> int:
             say(f"background: {still}/{args.background} runs still Pending {reason} after "
                 f"the trials; changed during the trials: {changed.get('run', 0)} runs, "
                 f"{changed.get('pod', 0)} pods")
-        a, j = percentiles(ours), percentiles(jobs)
         say(f"\nEviction API call returned -> terminal status visible, {args.trials} "
             f"evictions each, {args.background} other live runs")
-        say("| | p50 | p95 | p99 | max |\n|---|---|---|---|---|")
-        say("| agentrun (Failed + toolsExecuted) | " +
-            " | ".join(f"{a[k] * 1000:.0f} ms" for k in ("p50", "p95", "p99", "max")) + " |")
-        say("| Job controller (status.failed) | " +
-            " | ".join(f"{j[k] * 1000:.0f} ms" for k in ("p50", "p95", "p99", "max")) + " |")
-        say("| ratio agentrun / Job | " +
-            " | ".join(f"{a[k] / j[k]:.2f}" for k in ("p50", "p95", "p99", "max")) + " |")
+        latency_table(say, ours, jobs)
         say(f"\nload average at the end {load()} (other processes share these CPUs)")
         ok = True
     finally:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from agentrun_devtools.controlplane import REPO
 
-from e2e.conftest import RELEASE_NAMESPACE, Cluster
+from e2e.install import RELEASE_NAMESPACE, Cluster
 
 pytestmark = pytest.mark.realnode
 
