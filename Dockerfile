@@ -1,4 +1,4 @@
-# The operator image: agentrun-operator (kopf). Build from the repository root:
+# The operator image: agentrun-operator (kopf), without ADK. Build from the repository root:
 #   docker build -t agentrun/operator:dev .        (or: make docker-build)
 # `make images` builds it without a Docker engine, on a Debian bookworm base made from
 # Debian packages (BASE_IMAGE); any base with python3 >= 3.11 and its venv module will do.
@@ -12,16 +12,15 @@ FROM ${BASE_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 # The dependencies first, from pyproject.toml alone: a change to the code reuses this layer.
-# Exact versions from requirements.lock (kept in the image: an agent built FROM the runner
-# image installs its own packages constrained by it).
-COPY pyproject.toml README.md requirements.lock ./
-RUN python3 -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")' >/tmp/requirements.txt \
+# Only agentrun[operator]'s (no ADK, no model provider: pyproject.toml), exact versions
+# from requirements.lock.
+COPY pyproject.toml README.md requirements.lock devtools/requirements_of.py ./
+RUN python3 requirements_of.py operator <pyproject.toml >/tmp/requirements.txt \
  && python3 -m venv /opt/agentrun \
  && /opt/agentrun/bin/pip install -c requirements.lock -r /tmp/requirements.txt \
  && cp requirements.lock /opt/agentrun/requirements.lock
 COPY agentrun ./agentrun
 COPY operator ./operator
-COPY runner-image/agentrun_runner ./runner-image/agentrun_runner
 RUN /opt/agentrun/bin/pip install --no-deps . \
  && /opt/agentrun/bin/python3 -m compileall -q /opt/agentrun
 

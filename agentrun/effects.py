@@ -23,6 +23,7 @@ rewrites those).
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
 
@@ -99,3 +100,10 @@ def idempotency_key(tool_context: Any) -> str:
     if not _lineage or not call_id:
         raise LookupError("no idempotency key: tools get one when agentrun-runner runs them")
     return key_for(_lineage[0], str(call_id))
+
+
+def args_digest(args: Mapping[str, Any]) -> str:
+    """`sha256:<hex>` of a call's arguments, canonical JSON (the ledger keeps no values:
+    they may be personal data). The runner and the store compute it alike."""
+    encoded = json.dumps(args, sort_keys=True, separators=(",", ":"), default=repr)
+    return "sha256:" + hashlib.sha256(encoded.encode("utf-8")).hexdigest()

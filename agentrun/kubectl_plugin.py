@@ -30,9 +30,8 @@ from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
-from sqlalchemy.engine import make_url
 
-from agentrun import store
+from agentrun.ledger import LedgerEntry
 from agentrun.vocabulary import (
     ANNOTATION_FORCE_REPLAY,
     API_VERSION,
@@ -267,19 +266,19 @@ def tools(cluster: Cluster, run: str, database_url: str | None) -> int:
     return OK
 
 
-def _published(call: dict[str, Any]) -> store.LedgerEntry:
+def _published(call: dict[str, Any]) -> LedgerEntry:
     """A status.toolCalls entry, as the store's ledger row it was published from."""
     def when(value: str | None) -> datetime | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
 
-    return store.LedgerEntry(
+    return LedgerEntry(
         attempt=int(call["attempt"]), seq=int(call["seq"]), tool=call["tool"], call_id=None,
         args_digest="", started_at=when(call.get("calledAt")) or datetime.min,
         finished_at=when(call.get("endedAt")), outcome=call.get("outcome"),
         effect=call.get("effect"), idempotency_key=call.get("idempotencyKey"))
 
 
-def _ended(entry: store.LedgerEntry) -> str:
+def _ended(entry: LedgerEntry) -> str:
     """How a call ended: it ran (and how), it was answered from the journal (it ran in an
     earlier attempt, and a resume did not run it again), or nobody knows (in doubt)."""
     if entry.outcome == LedgerOutcome.JOURNAL:
@@ -289,7 +288,9 @@ def _ended(entry: store.LedgerEntry) -> str:
     return f"ran: {entry.outcome or 'ok'} at {_stamp(entry.finished_at)}"
 
 
-async def _ledger(url: str, uid: str) -> list[store.LedgerEntry]:
+async def _ledger(url: str, uid: str) -> list[LedgerEntry]:
+    from agentrun import store
+
     engine = store.make_engine(url, pool_size=1, max_overflow=0)
     try:
         return await store.ledger(engine, uid)
@@ -298,6 +299,14 @@ async def _ledger(url: str, uid: str) -> list[store.LedgerEntry]:
 
 
 def _check_store(url: str) -> None:
+    """Reading the store itself needs its database layer: agentrun[kubectl,store]."""
+    try:
+        from sqlalchemy.engine import make_url
+    except ModuleNotFoundError as e:
+        raise Failure(f"{ENV_DATABASE_URL} reads the run store, which needs the store's "
+                      f"database layer ({e.name} is not installed): pip install "
+                      "'agentrun[kubectl,store]', or unset it to read status.toolCalls "
+                      "from the API server") from e
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").exists():
         raise Failure(f"no run store at {parsed.database}: set {ENV_DATABASE_URL} to the "

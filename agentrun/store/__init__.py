@@ -1,4 +1,7 @@
-"""The run store, shared by the operator and the runner (async, SQLAlchemy 2).
+"""The run store: the operator's and the store API's (async, SQLAlchemy 2; installed with
+agentrun[store]). Nothing here imports ADK: ADK's session tables are read and copied by
+column name (adk_tables.py); the ADK memory service is agentrun.store.memory, the store
+API's (it needs google-adk).
 
 Postgres (psycopg 3) in clusters, SQLite (aiosqlite, WAL) in the development cluster.
 ADK's session tables live in the same database; ours are created by Alembic migrations
@@ -55,18 +58,22 @@ Sessions (ADK app names are qualified by namespace: session_app(namespace, agent
     await claim_session(engine, namespace=, session_id=, agent=, user_id=, run_uid=)
         -> SessionClaim: the first run owns a session for its agent and user; one live
         run at a time
+    await fork_session(engine, app_name=, user_id=, source=, target=) -> bool
+        a copy of a session to continue (a manual resume), in one transaction
 
 Retention
     await purge_old_events(engine, older_than=90 days, batch=1000) -> int
         ADK events past retention, in batches; sessions keep their shell
+    await purge_expired_memory(engine) -> int           memory entries past their expiry
 
-Memory and samples
+Memory (agentrun.store.memory, with google-adk) and samples
     StoreMemoryService(engine, ttl_days=90)            an ADK BaseMemoryService
-    await purge_expired_memory(engine) -> int
     await record_side_effect(engine, tool, args, run_name, run_uid, attempt)
     await outbox(engine, run_name=None) -> list[OutboxRow]   the sample agents' side effects
 """
 
+from agentrun.effects import args_digest
+from agentrun.ledger import LedgerEntry
 from agentrun.store.engine import (
     async_url,
     is_durable,
@@ -78,15 +85,12 @@ from agentrun.store.inputs import Input, delete_input, get_input, input_digest, 
 from agentrun.store.ledger import (
     AttemptSettled,
     JournalEntry,
-    LedgerEntry,
-    args_digest,
     close_call,
     journal,
     ledger,
     open_call,
     tools_executed,
 )
-from agentrun.store.memory import StoreMemoryService, purge_expired_memory
 from agentrun.store.migrate import StoreNotReady, check_schema, head_revision, migrate
 from agentrun.store.outbox import OutboxRow, outbox, record_side_effect
 from agentrun.store.replays import (
@@ -100,7 +104,7 @@ from agentrun.store.replays import (
     release_replay,
     replays_of,
 )
-from agentrun.store.retention import purge_old_events
+from agentrun.store.retention import purge_expired_memory, purge_old_events
 from agentrun.store.runs import (
     Attempt,
     AttemptIdentity,
@@ -142,7 +146,6 @@ __all__ = [
     "RunNotRecorded",
     "SessionClaim",
     "Settled",
-    "StoreMemoryService",
     "StoreNotReady",
     "approval_of_replay_run",
     "approve_replay",

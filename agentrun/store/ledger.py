@@ -7,7 +7,6 @@ runs) it answers the one question a replay needs: did this attempt touch the wor
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,32 +17,9 @@ from sqlalchemy import or_, select, text, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from agentrun.ledger import LedgerEntry
 from agentrun.store.schema import attempts, tool_calls
 from agentrun.vocabulary import LedgerOutcome, RunStatus
-
-
-@dataclass(frozen=True)
-class LedgerEntry:
-    """One tool call as the ledger saw it. `finished_at` None: the tool never answered."""
-
-    attempt: int
-    seq: int
-    tool: str
-    call_id: str | None
-    args_digest: str
-    started_at: datetime
-    finished_at: datetime | None
-    outcome: str | None
-    effect: str | None = None
-    idempotency_key: str | None = None
-    result: Any = None
-
-
-def args_digest(args: Mapping[str, Any]) -> str:
-    """`sha256:<hex>` of the call's arguments, canonical JSON (the ledger keeps no values:
-    they may be personal data)."""
-    encoded = json.dumps(args, sort_keys=True, separators=(",", ":"), default=repr)
-    return "sha256:" + hashlib.sha256(encoded.encode("utf-8")).hexdigest()
 
 
 class AttemptSettled(RuntimeError):

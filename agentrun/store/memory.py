@@ -1,5 +1,8 @@
 """Long-term memory in the run store: an ADK memory service (ADK ships none for
-Postgres), scoped per (agent, user), keyword search, entries that expire."""
+Postgres), scoped per (agent, user), keyword search, entries that expire.
+
+The store API's (it needs google-adk); the operator purges expired entries without ADK
+(agentrun.store.retention)."""
 
 from __future__ import annotations
 
@@ -160,12 +163,3 @@ class StoreMemoryService(BaseMemoryService):
             stmt = stmt.where(memory.c.id == memory_id)
         async with self._engine.begin() as conn:
             await conn.execute(stmt)
-
-
-async def purge_expired_memory(engine: AsyncEngine, now: datetime | None = None) -> int:
-    """Deletes memory entries past their expiry; returns how many."""
-    async with engine.begin() as conn:
-        result = await conn.execute(
-            delete(memory).where(memory.c.expires_at <= (now or datetime.now(UTC)))
-        )
-    return int(result.rowcount or 0)

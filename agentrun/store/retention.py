@@ -1,4 +1,5 @@
-"""Retention: ADK session events are purged after N days (default 90), in batches.
+"""Retention: ADK session events are purged after N days (default 90), in batches;
+memory entries when they expire.
 
 Sessions keep their shell (the sessions row); the ledger and our run rows are kept, so
 toolsExecuted of an old run stays what it was when it was settled.
@@ -8,13 +9,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from google.adk.sessions.schemas.v1 import StorageEvent
-from sqlalchemy import Table, delete, select, tuple_
+from sqlalchemy import delete, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncEngine
+
+from agentrun.store.adk_tables import events as _events
+from agentrun.store.schema import memory
 
 DEFAULT_EVENT_RETENTION_DAYS = 90
 
-_events: Table = StorageEvent.__table__  # type: ignore[assignment]
 _key = (_events.c.id, _events.c.app_name, _events.c.user_id, _events.c.session_id)
 
 
@@ -35,3 +37,11 @@ async def purge_old_events(
                 return deleted
             await conn.execute(delete(_events).where(tuple_(*_key).in_(keys)))
         deleted += len(keys)
+
+
+async def purge_expired_memory(engine: AsyncEngine, now: datetime | None = None) -> int:
+    """Deletes memory entries past their expiry; returns how many."""
+    async with engine.begin() as conn:
+        result = await conn.execute(
+            delete(memory).where(memory.c.expires_at <= (now or datetime.now(UTC))))
+    return int(result.rowcount or 0)

@@ -10,12 +10,16 @@ continue it, and only one live run may use it at a time.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import insert, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from agentrun.store import adk_tables as adk
 from agentrun.store.dialect import upsert_insert
 from agentrun.store.schema import runs, session_owners
 from agentrun.vocabulary import RunStatus
@@ -79,31 +83,59 @@ async def claim_session(
 async def fork_session(engine: AsyncEngine, *, app_name: str, user_id: str, source: str,
                        target: str) -> bool:
     """Copies session `source` into a new session `target` (same app and user): its state
-    and its events, with their invocation ids, authors and times, so that the copy's last
-    invocation can be continued while the source stays exactly as it was. Events without
-    content that only mark an error or an end are left out: ADK would read an invocation
-    ending in one as finished. Returns False when `target` exists already (forked before)."""
-    from google.adk.errors.already_exists_error import AlreadyExistsError
-    from google.adk.sessions.database_session_service import DatabaseSessionService
+    and its events, with their ids, invocation ids, authors and times, so that the copy's
+    last invocation can be continued while the source stays exactly as it was. Events
+    without content (those that only mark an error or an end) are left out: ADK would read
+    an invocation ending in one as finished. App- and user-scoped state is not copied: the
+    copy shares it, as every session of that app and user does.
 
-    sessions = DatabaseSessionService(db_engine=engine)
-    original = await sessions.get_session(app_name=app_name, user_id=user_id,
-                                          session_id=source)
-    if original is None:
-        raise LookupError(f"session {source} of {app_name} is gone; nothing to fork")
-    state = {k: v for k, v in original.state.items()
-             if not k.startswith(("app:", "user:", "temp:"))}
+    One transaction, on ADK's own tables by column name (agentrun.store.adk_tables): a
+    fork is whole or absent. Returns False when `target` exists already (forked before,
+    or by another replica at the same moment)."""
+    def of(table: Any, session_column: Any, session_id: str) -> tuple[Any, ...]:
+        return (table.c.app_name == app_name, table.c.user_id == user_id,
+                session_column == session_id)
+
     try:
-        copy = await sessions.create_session(app_name=app_name, user_id=user_id,
-                                             session_id=target, state=state)
-    except AlreadyExistsError:
-        return False
-    for event in original.events:
-        if event.content is None and (event.error_code or not event.get_function_calls()):
-            continue
-        clone = event.model_copy(deep=True)
-        if clone.actions and clone.actions.state_delta:
-            clone.actions.state_delta = {k: v for k, v in clone.actions.state_delta.items()
-                                         if not k.startswith(("app:", "user:"))}
-        await sessions.append_event(copy, clone)
+        async with engine.begin() as conn:
+            original = (await conn.execute(select(adk.sessions).where(
+                *of(adk.sessions, adk.sessions.c.id, source)))).one_or_none()
+            if original is None:
+                raise LookupError(f"session {source} of {app_name} is gone; nothing to fork")
+            if (await conn.execute(select(adk.sessions.c.id).where(
+                    *of(adk.sessions, adk.sessions.c.id, target)))).first() is not None:
+                return False
+            copied = [copy for row in await conn.execute(
+                select(adk.events).where(*of(adk.events, adk.events.c.session_id, source))
+                .order_by(adk.events.c.timestamp, adk.events.c.id))
+                if (copy := _event_copy(row, target)) is not None]
+            now = datetime.now(UTC).replace(tzinfo=None)
+            await conn.execute(insert(adk.sessions).values(
+                app_name=app_name, user_id=user_id, id=target,
+                state=_session_scoped(original.state or {}), create_time=now,
+                update_time=copied[-1]["timestamp"] if copied else now))
+            if copied:
+                await conn.execute(insert(adk.events), copied)
+    except IntegrityError:
+        return False  # another replica's fork of the same source committed first
     return True
+
+
+_SHARED_STATE = ("app:", "user:", "temp:")
+
+
+def _session_scoped(state: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if not k.startswith(_SHARED_STATE)}
+
+
+def _event_copy(row: Any, target: str) -> dict[str, Any] | None:
+    """The events row for `target`, or None for an event left out of a fork."""
+    data = dict(row.event_data or {})
+    if not data.get("content"):
+        return None
+    actions = data.get("actions")
+    if isinstance(actions, Mapping) and isinstance(actions.get("state_delta"), Mapping):
+        data["actions"] = {**actions, "state_delta": _session_scoped(actions["state_delta"])}
+    return {"id": row.id, "app_name": row.app_name, "user_id": row.user_id,
+            "session_id": target, "invocation_id": row.invocation_id,
+            "timestamp": row.timestamp, "event_data": data}

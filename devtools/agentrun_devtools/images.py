@@ -80,9 +80,11 @@ def qualified(name: str) -> str:
     return f"docker.io/{name}"
 
 
-def default_images(operator: str, runner: str, postgres: str) -> list[Image]:
+def default_images(operator: str, runner: str, postgres: str,
+                   store_api: str = "agentrun/store-api:dev") -> list[Image]:
     return [
         Image("operator", REPO / "Dockerfile", qualified(operator)),
+        Image("store-api", REPO / "store-api-image" / "Dockerfile", qualified(store_api)),
         Image("runner", REPO / "runner-image" / "Dockerfile", qualified(runner)),
         Image("postgres", REPO / "devtools" / "images" / "postgres" / "Dockerfile",
               qualified(postgres)),
@@ -513,12 +515,14 @@ def unpacked_size(bundle: Path) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--operator", default="agentrun/operator:dev")
+    parser.add_argument("--store-api", default="agentrun/store-api:dev")
     parser.add_argument("--runner", default="agentrun/runner:dev")
     parser.add_argument("--postgres", default="agentrun/postgres:dev")
-    parser.add_argument("--only", action="append", choices=["operator", "runner", "postgres"],
+    parser.add_argument("--only", action="append",
+                        choices=["operator", "store-api", "runner", "postgres"],
                         help="build only this image (repeatable)")
     args = parser.parse_args(argv)
-    images = default_images(args.operator, args.runner, args.postgres)
+    images = default_images(args.operator, args.runner, args.postgres, args.store_api)
     if args.only:
         images = [image for image in images if image.short in args.only]
     started = time.monotonic()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,13 @@ class OperatorConfig:
 
 def _env(name: str, default: str) -> str:
     return os.environ.get(name, default)
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing too
+        return False
 
 
 def parse(argv: list[str] | None = None) -> OperatorConfig:
@@ -135,6 +143,12 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
     if not a.store_api_listen and not a.store_api_url:
         p.error("runner pods need the store API: give --store-api-listen (serve it here) "
                 "or --store-api-url (where agentrun-store-api serves it)")
+    if a.store_api_listen and not _installed("google.adk"):
+        p.error(f"--store-api-listen={a.store_api_listen} serves the store API in this "
+                "process, which needs ADK, and this installation has none (agentrun"
+                "[operator]). Run agentrun-store-api on its own (agentrun[store-api]; the "
+                "chart does) and start the operator with --store-api-listen= "
+                "--store-api-url=<where it serves>, or install agentrun[operator,store-api]")
     grace = a.node_lost_grace if a.node_lost_grace >= 0 else float(a.toleration_seconds)
     if not a.database_url:
         p.error("no run store: set --database-url or DATABASE_URL (postgresql+psycopg://... "

@@ -32,7 +32,7 @@ from agentrun.vocabulary import (
     Phase,
     ReplayPhase,
 )
-from agentrun_operator import events, metrics, retention, startup_checks, store_api
+from agentrun_operator import events, metrics, retention, startup_checks
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.informer import Informer, key_of
 from agentrun_operator.kube import Kube
@@ -88,6 +88,10 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
         running = config
         memo.store_api = None
         if config.store_api_listen:
+            # In this process (the development cluster): the only part of the operator
+            # that needs ADK, so imported only here (config.parse checked it is installed).
+            from agentrun_operator import store_api
+
             # Its own small pool: runner traffic never waits behind the operator's.
             memo.store_api_engine = store.make_engine(
                 config.database_url, pool_size=store_api.POOL_SIZE,

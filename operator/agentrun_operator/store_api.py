@@ -46,6 +46,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import effects, store
+from agentrun.store.memory import StoreMemoryService
 from agentrun.vocabulary import (
     DEFAULT_MEMORY_TTL_DAYS,
     ENV_MEMORY_TTL_DAYS,
@@ -312,7 +313,7 @@ class Routes:
         self.engine = engine
         self.sessions = DatabaseSessionService(db_engine=engine)
         ttl = int(os.environ.get(ENV_MEMORY_TTL_DAYS) or DEFAULT_MEMORY_TTL_DAYS)
-        self.memory = store.StoreMemoryService(engine, ttl_days=ttl)
+        self.memory = StoreMemoryService(engine, ttl_days=ttl)
 
     # -- the attempt -------------------------------------------------------------------
 

@@ -18,7 +18,6 @@ from google.adk.plugins.base_plugin import BasePlugin
 from google.adk.tools.base_tool import BaseTool
 
 from agentrun import effects
-from agentrun.store.ledger import args_digest
 from agentrun.vocabulary import ENV_TEST_CRASH_AFTER_CLOSE, LedgerOutcome
 from agentrun_runner import logs
 from agentrun_runner.store_client import StoreClient
@@ -84,8 +83,8 @@ class WriteAheadLedger(BasePlugin):
             # It ran in the attempt we resume and its response never reached the session:
             # answer it from the journal, do not run it again. Noted on the ledger as such.
             try:
-                await self._client.open_call(seq, tool.name, call_id, args_digest(tool_args),
-                                             effect, key)
+                await self._client.open_call(seq, tool.name, call_id,
+                                             effects.args_digest(tool_args), effect, key)
                 await self._client.close_call(seq, LedgerOutcome.JOURNAL,
                                               recorded.get("result"))
             except Exception as e:
@@ -96,8 +95,8 @@ class WriteAheadLedger(BasePlugin):
             result = recorded.get("result")
             return dict(result) if isinstance(result, Mapping) else {"result": result}
         try:
-            await self._client.open_call(seq, tool.name, call_id, args_digest(tool_args),
-                                         effect, key)
+            await self._client.open_call(seq, tool.name, call_id,
+                                         effects.args_digest(tool_args), effect, key)
         except asyncio.CancelledError:
             raise
         except BaseException as e:

@@ -100,7 +100,13 @@ def test_the_store_api_is_its_own_deployment_service_and_rights(
     assert deployment["spec"]["replicas"] == 2
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "agentrun-store"
     store = container(found, "agentrun-store")
-    assert store["image"] == container(found, "agentrun-operator")["image"]
+    # Its own image: ADK's session service, which the operator's image does not carry.
+    assert store["image"] == "agentrun/store-api:dev"
+    assert container(found, "agentrun-operator")["image"] == "agentrun/operator:dev"
+    chosen = objects(control_plane, "postgres.enabled=true",
+                     "storeApi.image=registry.example.com/agentrun/store-api:1")
+    assert container(chosen, "agentrun-store")["image"] == \
+        "registry.example.com/agentrun/store-api:1"
     assert store["command"] == ["agentrun-store-api"]
     assert "--listen=0.0.0.0:8080" in store["args"]
     assert "--audience=agentrun.dev/store" in store["args"]

@@ -24,10 +24,11 @@ from agentrun_devtools.processes import free_port
 
 NAMES = {
     "operator": "docker.io/agentrun/operator:dev",
+    "store-api": "docker.io/agentrun/store-api:dev",
     "runner": "docker.io/agentrun/runner:dev",
     "postgres": "docker.io/agentrun/postgres:dev",
 }
-UIDS = {"operator": 10001, "runner": 10001, "postgres": 999}
+UIDS = {"operator": 10001, "store-api": 10001, "runner": 10001, "postgres": 999}
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def archives() -> dict[str, Path]:
     if os.geteuid() != 0:
         pytest.fail("building and running images needs root (buildah, runc)")
     return images.build(images.default_images("agentrun/operator:dev", "agentrun/runner:dev",
-                                              "agentrun/postgres:dev"))
+                                              "agentrun/postgres:dev", "agentrun/store-api:dev"))
 
 
 @pytest.fixture(scope="module")
@@ -83,12 +84,52 @@ def test_runs_as_its_non_root_user(bundles: dict[str, Path], short: str) -> None
     assert "Read-only file system" in done.stdout + done.stderr
 
 
-def test_operator_prints_its_help(bundles: dict[str, Path]) -> None:
+def test_operator_and_store_api_print_their_help(bundles: dict[str, Path]) -> None:
     done = container(bundles, "operator", args=["agentrun-operator", "--help"]).run()
     assert done.returncode == 0, done.stderr
     assert "usage: agentrun-operator" in done.stdout
-    store_api = container(bundles, "operator", args=["agentrun-store-api", "--help"]).run()
+    store_api = container(bundles, "store-api", args=["agentrun-store-api", "--help"]).run()
     assert store_api.returncode == 0, store_api.stderr
+    assert "usage: agentrun-store-api" in store_api.stdout
+
+
+# What each image must not carry (pyproject.toml's extras), and what it must.
+CARRIES = {
+    "operator": (("kopf", "kubernetes", "sqlalchemy", "psycopg", "alembic"),
+                 ("google.adk", "google.genai", "litellm", "anthropic")),
+    "store-api": (("google.adk", "sqlalchemy", "psycopg", "alembic", "kubernetes", "aiohttp"),
+                  ("kopf", "litellm", "anthropic")),
+    "runner": (("google.adk", "litellm", "anthropic", "httpx"),
+               ("kopf", "kubernetes", "psycopg", "alembic", "prometheus_client")),
+}
+
+
+@pytest.mark.parametrize("short", sorted(CARRIES))
+def test_an_image_carries_its_programs_packages_and_no_others(
+        bundles: dict[str, Path], short: str) -> None:
+    present, absent = CARRIES[short]
+    probe = ("import importlib.util, json, sys\n"
+             "def found(m):\n"
+             "    try:\n"
+             "        return importlib.util.find_spec(m) is not None\n"
+             "    except ModuleNotFoundError:\n"
+             "        return False\n"
+             "print(json.dumps({m: found(m) for m in sys.argv[1:]}))")
+    done = container(bundles, short, args=["python3", "-c", probe, *present, *absent]).run()
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert [m for m in present if not found[m]] == [], found
+    assert [m for m in absent if found[m]] == [], found
+
+
+def test_the_operator_image_says_it_cannot_serve_the_store_api_itself(
+        bundles: dict[str, Path]) -> None:
+    # Its default serves the store API in-process (the development cluster), which needs
+    # ADK: without it the operator stops at once and says what to do.
+    done = container(bundles, "operator", args=["agentrun-operator"],
+                     env={"DATABASE_URL": "postgresql+psycopg://x@127.0.0.1:9/x"}).run()
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "needs ADK" in done.stderr and "agentrun-store-api" in done.stderr, done.stderr
 
 
 def test_runner_refuses_to_start_without_a_durable_store(bundles: dict[str, Path]) -> None:

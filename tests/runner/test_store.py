@@ -15,6 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import store
+from agentrun.store.memory import StoreMemoryService
 from agentrun.vocabulary import RunStatus
 from tests.runner.conftest import prepare_run, query, run_runner
 
@@ -173,7 +174,7 @@ def test_memory_is_scoped_per_agent_and_user(any_store: str) -> None:
             role="user", parts=[types.Part(text=words)]))
 
     async def go(e: AsyncEngine) -> None:
-        memory = store.StoreMemoryService(e)
+        memory = StoreMemoryService(e)
         await memory.add_memory(app_name="support-agent", user_id="alice",
                                 memories=[entry("Alice prefers refunds by bank transfer")])
         await memory.add_memory(app_name="support-agent", user_id="bob",
@@ -191,7 +192,7 @@ def test_memory_is_scoped_per_agent_and_user(any_store: str) -> None:
         assert await found("support-agent", "alice", "the and of") == []
 
         # Entries expire after N days, and the purge removes them.
-        expired = store.StoreMemoryService(e, ttl_days=0)
+        expired = StoreMemoryService(e, ttl_days=0)
         await expired.add_memory(app_name="support-agent", user_id="carol",
                                  memories=[entry("Carol's refund")])
         assert await found("support-agent", "carol", "refund") == []
@@ -205,7 +206,7 @@ def test_a_successful_run_is_remembered_for_its_user_only(pg_store: str) -> None
     assert run_runner(run, [{"text": "Noted your order 777."}]).returncode == 0
 
     async def search(e: AsyncEngine, user: str, app: str = run.app) -> int:
-        got = await store.StoreMemoryService(e).search_memory(
+        got = await StoreMemoryService(e).search_memory(
             app_name=app, user_id=user, query="order 777")
         return len(got.memories)
 
@@ -245,3 +246,66 @@ def test_store_urls_are_normalised_to_async_drivers() -> None:
     assert (engine.pool.size(), engine.pool._max_overflow) == (3, 2)  # type: ignore[attr-defined]
     engine = store.make_engine("postgresql+psycopg://u@h/db", pool_size=1, max_overflow=0)
     assert engine.pool.size() == 1  # type: ignore[attr-defined]
+
+
+def test_a_fork_is_what_adk_reads_back_without_the_contentless_events(any_store: str) -> None:
+    # The operator forks with plain SQL on ADK's tables (it carries no ADK); ADK itself
+    # must read the copy as the source's session, minus what a fork leaves out, and go on
+    # appending to it.
+    from google.adk.events.event import Event
+    from google.adk.events.event_actions import EventActions
+    from google.adk.sessions.database_session_service import DatabaseSessionService
+
+    app, user = "shop/support-agent", "alice"
+
+    def say(author: str, invocation: str, part: types.Part | None, *,
+            delta: dict[str, object] | None = None, error: str | None = None) -> Event:
+        return Event(author=author, invocation_id=invocation,
+                     content=types.Content(role="user" if author == "user" else "model",
+                                           parts=[part]) if part else None,
+                     actions=EventActions(state_delta=delta or {}), error_code=error)
+
+    async def go(e: AsyncEngine) -> None:
+        adk = DatabaseSessionService(db_engine=e)
+        source = await adk.create_session(app_name=app, user_id=user, session_id="s-1",
+                                          state={"order": "42"})
+        for event in (
+            say("user", "inv-1", types.Part(text="refund order 42")),
+            say("agent", "inv-1", types.Part(function_call=types.FunctionCall(
+                id="adk-1", name="send_email", args={"to": "c@example.com"})),
+                delta={"step": "emailing", "user:tier": "gold", "app:region": "eu"}),
+            say("agent", "inv-1", types.Part(function_response=types.FunctionResponse(
+                id="adk-1", name="send_email", response={"sent": True}))),
+            say("agent", "inv-1", None, error="MODEL_ERROR"),
+        ):
+            await adk.append_event(source, event)
+        before = await adk.get_session(app_name=app, user_id=user, session_id="s-1")
+        assert before is not None and len(before.events) == 4
+
+        assert await store.fork_session(e, app_name=app, user_id=user, source="s-1",
+                                        target="s-1-resume")
+        assert not await store.fork_session(e, app_name=app, user_id=user, source="s-1",
+                                            target="s-1-resume")
+        with pytest.raises(LookupError):
+            await store.fork_session(e, app_name=app, user_id=user, source="gone",
+                                     target="gone-resume")
+
+        fork = await adk.get_session(app_name=app, user_id=user, session_id="s-1-resume")
+        assert fork is not None
+        kept = before.events[:3]
+        assert [(x.id, x.invocation_id, x.author, x.timestamp, x.content)
+                for x in fork.events] == [
+            (x.id, x.invocation_id, x.author, x.timestamp, x.content) for x in kept]
+        # Session state copied; app and user state shared, not copied into the session.
+        assert fork.state == before.state
+        assert fork.state["step"] == "emailing" and fork.state["user:tier"] == "gold"
+        assert fork.events[1].actions.state_delta == {"step": "emailing"}
+        # ADK goes on with the copy; the source stays as it was.
+        await adk.append_event(fork, say("agent", "inv-1", types.Part(text="Refunded.")))
+        again = await adk.get_session(app_name=app, user_id=user, session_id="s-1-resume")
+        assert again is not None and again.events[-1].content.parts[0].text == "Refunded."
+        after = await adk.get_session(app_name=app, user_id=user, session_id="s-1")
+        assert after is not None and [x.id for x in after.events] == [
+            x.id for x in before.events]
+
+    query(any_store, go)
