@@ -35,5 +35,6 @@ ENV PATH=/opt/agentrun/bin:$PATH \
     TMPDIR=/tmp
 USER 10001:10001
 WORKDIR /tmp
-EXPOSE 8080 9090
+# Metrics (--metrics-port; the chart's metrics.port).
+EXPOSE 9090
 ENTRYPOINT ["agentrun-operator"]

@@ -88,6 +88,29 @@ def diagnosis(cluster: Cluster, run: str) -> str:
     ])
 
 
+def system_pods(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    """The release's pods: restarts, readiness and each container's memory working set
+    (crictl stats on the node), by pod name."""
+    listed = json.loads(cluster.kubectl("get", "pods", "-n", RELEASE_NAMESPACE, "-o",
+                                        "json").stdout)["items"]
+    stats = json.loads(cluster.node.crictl("stats", "-o", "json").stdout or "{}")
+    memory = {}
+    for entry in stats.get("stats") or []:
+        labels = (entry.get("attributes") or {}).get("labels") or {}
+        pod = labels.get("io.kubernetes.pod.name")
+        working = ((entry.get("memory") or {}).get("workingSetBytes") or {}).get("value")
+        if pod and working is not None:
+            memory[pod] = int(working)
+    found = {}
+    for pod in listed:
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        found[pod["metadata"]["name"]] = {
+            "restarts": sum(int(c.get("restartCount") or 0) for c in statuses),
+            "ready": all(c.get("ready") for c in statuses),
+            "memory": memory.get(pod["metadata"]["name"])}
+    return found
+
+
 def agentrun_trial(cluster: Cluster, core: client.CoreV1Api, custom: client.CustomObjectsApi,
                    i: int) -> float:
     name = f"lat-{i}"
@@ -169,6 +192,7 @@ def main() -> int:
             ours: list[float] = []
             jobs: list[float] = []
             failures: list[str] = []
+            before = system_pods(cluster)
             for i in range(args.trials):
                 try:
                     ours.append(agentrun_trial(cluster, core, custom, i))
@@ -181,11 +205,23 @@ def main() -> int:
             say(f"\nreal node: Eviction API call returned -> terminal status visible, "
                 f"{len(ours)} agentrun evictions, {len(jobs)} Job evictions")
             latency_table(say, ours, jobs)
+            after = system_pods(cluster)
+            say(f"\n{RELEASE_NAMESPACE} pods over the trials (restarts; memory working set "
+                "before -> after):")
+            restarted = 0
+            for pod in sorted(set(before) | set(after)):
+                earlier, later = before.get(pod) or {}, after.get(pod) or {}
+                restarts = int(later.get("restarts") or 0) - int(earlier.get("restarts") or 0)
+                restarted += max(restarts, 0)
+                mb = [f"{m / 2**20:.0f} MiB" if m else "-" for m in (
+                    earlier.get("memory"), later.get("memory"))]
+                say(f"  {pod}: {restarts} restarts, ready {later.get('ready')}, "
+                    f"{mb[0]} -> {mb[1]}")
             say(f"\nruns that never got going: {len(failures)} of {args.trials}")
             for failure in failures:
                 say(f"\n{failure}")
             say(f"\nload average at the end {load()} (other processes share these CPUs)")
-            ok = not failures
+            ok = not failures and not restarted
     finally:
         shutil.rmtree(root, ignore_errors=True)
     say.write(out)

@@ -27,7 +27,9 @@ async def purge_old_events(
 ) -> int:
     """Deletes ADK events older than `older_than`, `batch` rows per transaction (short
     transactions: runners write events meanwhile). Returns how many were deleted."""
-    cutoff = datetime.now(UTC) - older_than
+    # ADK writes its timestamps as naive UTC: compare like with like (an aware cutoff
+    # would be shifted by a Postgres session whose TimeZone is not UTC).
+    cutoff = (datetime.now(UTC) - older_than).replace(tzinfo=None)
     deleted = 0
     while True:
         async with engine.begin() as conn:

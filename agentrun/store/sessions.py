@@ -117,7 +117,13 @@ async def fork_session(engine: AsyncEngine, *, app_name: str, user_id: str, sour
             if copied:
                 await conn.execute(insert(adk.events), copied)
     except IntegrityError:
-        return False  # another replica's fork of the same source committed first
+        # Another replica's fork of the same source committed first: then the target is
+        # there now. Anything else is not "forked before".
+        async with engine.connect() as conn:
+            if (await conn.execute(select(adk.sessions.c.id).where(
+                    *of(adk.sessions, adk.sessions.c.id, target)))).first() is None:
+                raise
+        return False
     return True
 
 
@@ -131,7 +137,7 @@ def _session_scoped(state: Mapping[str, Any]) -> dict[str, Any]:
 def _event_copy(row: Any, target: str) -> dict[str, Any] | None:
     """The events row for `target`, or None for an event left out of a fork."""
     data = dict(row.event_data or {})
-    if not data.get("content"):
+    if data.get("content") is None:
         return None
     actions = data.get("actions")
     if isinstance(actions, Mapping) and isinstance(actions.get("state_delta"), Mapping):

@@ -1,4 +1,4 @@
-"""`make images`: the operator, runner and trial-Postgres images, built with neither a
+"""`make images`: the operator, store API, runner and trial-Postgres images, built with neither a
 registry nor a Docker engine.
 
 A Debian bookworm base is made from Debian packages with mmdebstrap; buildah builds the

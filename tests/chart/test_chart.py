@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import tempfile
 import time
@@ -481,3 +482,29 @@ def test_the_installed_chart_lets_the_operator_do_what_its_code_calls(
     deployment = json.loads(installed.kubectl(
         "get", "deployment", "agentrun-operator", "-n", NAMESPACE, "-o", "json").stdout)
     assert deployment["spec"]["replicas"] == 2
+
+
+def test_the_notes_warn_when_only_the_operator_image_is_changed(
+        control_plane: ControlPlane) -> None:
+    # An install from a private registry that predates the store API's own image sets
+    # operator.image only: its store API would then pull a default it cannot reach.
+    def notes(*sets: str) -> str:
+        done = subprocess.run(
+            [str(control_plane.bin / "helm"), "install", "agentrun", str(CHART),
+             # A dry run changes nothing; --take-ownership only skips the check against
+             # the ClusterRoles other tests applied on this shared control plane.
+             "--namespace", NAMESPACE, "--dry-run=client", "--take-ownership",
+             "--set", "postgres.enabled=true",
+             *[a for s in sets for a in ("--set", s)]],
+            capture_output=True, text=True,
+            env={**os.environ, "KUBECONFIG": str(control_plane.kubeconfig)})
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split("\nNOTES:\n", 1)[1]
+
+    private = "operator.image=registry.example.com/agentrun/operator:1"
+    warned = notes(private)
+    assert "WARNING: operator.image is registry.example.com/agentrun/operator:1" in warned
+    assert "set storeApi.image" in warned
+    assert "WARNING" not in notes(private,
+                                  "storeApi.image=registry.example.com/agentrun/store-api:1")
+    assert "WARNING" not in notes()

@@ -100,7 +100,8 @@ CARRIES = {
     "store-api": (("google.adk", "sqlalchemy", "psycopg", "alembic", "kubernetes", "aiohttp"),
                   ("kopf", "litellm", "anthropic")),
     "runner": (("google.adk", "litellm", "anthropic", "httpx"),
-               ("kopf", "kubernetes", "psycopg", "alembic", "prometheus_client")),
+               ("kopf", "kubernetes", "sqlalchemy", "psycopg", "alembic",
+                "prometheus_client")),
 }
 
 

@@ -34,13 +34,22 @@ SOURCES = {"agentrun": REPO / "agentrun", "agentrun_operator": REPO / "operator"
 
 
 @dataclass(frozen=True)
+class Elsewhere:
+    """An import inside a function of `importer`, on a path that needs `extra` besides the
+    program's own. Not followed with the program; checked against both extras."""
+
+    importer: str
+    prefix: str
+    extra: str
+
+
+@dataclass(frozen=True)
 class Program:
     extra: str
     entry: tuple[str, ...]
-    # (importer, imported prefix): imports inside functions of `importer`, on a path that
-    # needs another extra; not followed.
-    elsewhere: tuple[tuple[str, str], ...] = ()
+    elsewhere: tuple[Elsewhere, ...] = ()
     forbidden: tuple[str, ...] = ()  # distributions its extra must not bring
+    dockerfile: str | None = None  # its image's, relative to the repository
 
 
 PROGRAMS = {
@@ -48,21 +57,26 @@ PROGRAMS = {
         "operator", ("agentrun_operator.main",),
         # The store API inside the operator process (the development cluster) needs
         # agentrun[store-api]; config.parse says so when it is missing.
-        elsewhere=(("agentrun_operator.handlers", "agentrun_operator.store_api"),),
-        forbidden=("google-adk", "google-genai", "litellm", "anthropic")),
+        elsewhere=(Elsewhere("agentrun_operator.handlers", "agentrun_operator.store_api",
+                             "store-api"),),
+        forbidden=("google-adk", "google-genai", "litellm", "anthropic"),
+        dockerfile="Dockerfile"),
     "agentrun-store-api": Program(
         "store-api", ("agentrun_operator.store_api",),
-        forbidden=("kopf", "litellm", "anthropic")),
+        forbidden=("kopf", "litellm", "anthropic"),
+        dockerfile="store-api-image/Dockerfile"),
     "agentrun-runner": Program(
         "runner", ("agentrun_runner.main",),
-        forbidden=("kopf", "kubernetes", "psycopg", "alembic", "prometheus-client")),
+        forbidden=("kopf", "kubernetes", "sqlalchemy", "psycopg", "alembic",
+                   "prometheus-client"),
+        dockerfile="runner-image/Dockerfile"),
     "kubectl-agentrun": Program(
         "kubectl", ("agentrun.kubectl_plugin",),
         # Reading the store itself (DATABASE_URL) needs agentrun[kubectl,store]; the
         # plugin says so when it is missing.
-        elsewhere=(("agentrun.kubectl_plugin", "agentrun.store"),
-                   ("agentrun.kubectl_plugin", "sqlalchemy")),
-        forbidden=("google-adk", "kopf", "litellm", "psycopg")),
+        elsewhere=(Elsewhere("agentrun.kubectl_plugin", "agentrun.store", "store"),
+                   Elsewhere("agentrun.kubectl_plugin", "sqlalchemy", "store")),
+        forbidden=("google-adk", "kopf", "litellm", "sqlalchemy", "psycopg", "alembic")),
 }
 
 
@@ -96,8 +110,9 @@ def _imports(tree: ast.AST, module: str, is_package: bool,
     whether the import is inside a function (made only when it runs)."""
     for node in ast.iter_child_nodes(tree):
         if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                yield from _imports(child, module, is_package, lazy)
+            # Only the `else:` branch runs.
+            yield from _imports(ast.Module(body=node.orelse, type_ignores=[]), module,
+                                is_package, lazy)
             continue
         if isinstance(node, ast.Import):
             yield from ((alias.name, lazy) for alias in node.names)
@@ -128,27 +143,55 @@ def _with_parents(name: str) -> Iterator[str]:
         yield ".".join(parts[:i])
 
 
-def reached(program: Program) -> dict[str, str]:
-    """Third-party module -> the first of our modules that imports it."""
+@dataclass
+class Walk:
+    third: dict[str, str]  # third-party module -> the first of our modules importing it
+    ours: set[str]  # our modules reached
+    deferred: list[tuple[Elsewhere, str]]  # imports on another extra's path, not followed
+
+
+def walk(program: Program, entries: tuple[str, ...] | None = None) -> Walk:
+    """Every module the program (or `entries`) reaches, through our modules."""
     ours = our_modules()
-    seen: set[str] = set()
-    todo = [m for entry in program.entry for m in _with_parents(entry) if m in ours]
-    third: dict[str, str] = {}
+    found = Walk({}, set(), [])
+    todo: list[str] = []
+
+    def enter(name: str, importer: str) -> None:
+        top = name.split(".")[0]
+        if top in SOURCES:
+            todo.extend(m for m in _with_parents(name) if m in ours and m not in found.ours)
+        elif top not in sys.stdlib_module_names and top != "__future__":
+            found.third.setdefault(name, importer)
+
+    for entry in entries or program.entry:
+        enter(entry, "(entry)")
     while todo:
         module = todo.pop()
-        if module in seen:
+        if module in found.ours:
             continue
-        seen.add(module)
+        found.ours.add(module)
         for name, lazy in sorted(imports_of(module)):
-            if lazy and any(module == importer and (name == prefix or name.startswith(
-                    prefix + ".")) for importer, prefix in program.elsewhere):
-                continue
-            top = name.split(".")[0]
-            if top in SOURCES:
-                todo.extend(m for m in _with_parents(name) if m in ours and m not in seen)
-            elif top not in sys.stdlib_module_names and top != "__future__":
-                third.setdefault(name, module)
-    return third
+            edge = next((e for e in program.elsewhere if lazy and module == e.importer and (
+                name == e.prefix or name.startswith(e.prefix + "."))), None)
+            if edge is not None:
+                found.deferred.append((edge, name))
+            else:
+                enter(name, module)
+    return found
+
+
+def reached(program: Program) -> dict[str, str]:
+    """Third-party module -> the first of our modules that imports it."""
+    return walk(program).third
+
+
+def _not_brought(third: dict[str, str], brings: set[str]) -> list[str]:
+    missing = []
+    for module, importer in sorted(third.items()):
+        dist = distribution_of(module)
+        if dist is None or dist not in brings:
+            missing.append(f"{importer} imports {module} ({dist or 'installed by nothing'})")
+    return missing
 
 
 # -- what an extra brings --------------------------------------------------------------------
@@ -213,15 +256,45 @@ def brought_by(extra: str) -> set[str]:
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_a_program_reaches_only_what_its_extra_brings(name: str) -> None:
     program = PROGRAMS[name]
-    brings = brought_by(program.extra)
-    missing = []
-    for module, importer in sorted(reached(program).items()):
-        dist = distribution_of(module)
-        assert dist is not None, f"{name}: {importer} imports {module}, installed by nothing"
-        if dist not in brings:
-            missing.append(f"{importer} imports {module} ({dist})")
+    missing = _not_brought(reached(program), brought_by(program.extra))
     assert not missing, (f"{name} reaches packages agentrun[{program.extra}] does not bring: "
                          + "; ".join(missing))
+
+
+@pytest.mark.parametrize("name", sorted(n for n, p in PROGRAMS.items() if p.elsewhere))
+def test_a_path_that_needs_another_extra_reaches_only_what_both_bring(name: str) -> None:
+    program = PROGRAMS[name]
+    deferred = walk(program).deferred
+    assert {edge for edge, _ in deferred} == set(program.elsewhere), (
+        f"{name}: an exemption that no import uses, or one missing: {deferred}")
+    for edge, imported in deferred:
+        brings = brought_by(program.extra) | brought_by(edge.extra)
+        missing = _not_brought(walk(program, (imported,)).third, brings)
+        assert not missing, (f"{name}: {edge.importer} imports {imported}, on a path that "
+                             f"agentrun[{program.extra},{edge.extra}] is to serve, but it "
+                             "reaches: " + "; ".join(missing))
+
+
+_REQUIREMENTS_OF = re.compile(r"requirements_of\.py\s+([\w-]+(?:\s+[\w-]+)*)\s*<")
+
+
+@pytest.mark.parametrize("name", sorted(n for n, p in PROGRAMS.items() if p.dockerfile))
+def test_an_image_installs_its_programs_extra_and_copies_the_code_it_reaches(
+        name: str) -> None:
+    from agentrun_devtools.images import copied_sources
+
+    program = PROGRAMS[name]
+    assert program.dockerfile is not None
+    dockerfile = REPO / program.dockerfile
+    installs = _REQUIREMENTS_OF.findall(dockerfile.read_text())
+    assert [extras.split() for extras in installs] == [[program.extra]], (
+        f"{program.dockerfile} installs {installs}, not agentrun[{program.extra}]")
+    copied = copied_sources(dockerfile)
+    for package in sorted({module.split(".")[0] for module in walk(program).ours}):
+        folder = SOURCES[package].relative_to(REPO).as_posix()
+        assert any(folder == c or folder.startswith(c.rstrip("/") + "/") for c in copied), (
+            f"{name} reaches {package} ({folder}), which {program.dockerfile} does not "
+            f"copy (it copies {copied})")
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
@@ -233,9 +306,8 @@ def test_an_extra_carries_nothing_its_program_must_not(name: str) -> None:
 
 def test_the_import_follower_sees_imports_inside_functions_and_parent_packages() -> None:
     # The operator reaches the store's database layer through agentrun.store's package
-    # __init__, and the store API reaches ADK only through imports inside functions
-    # (sessions.py) and the memory module: were either missed, the checks above would
-    # pass for the wrong reason.
+    # __init__, and the store API reaches ADK through imports inside its functions and the
+    # memory module: were either missed, the checks above would pass for the wrong reason.
     operator = reached(PROGRAMS["agentrun-operator"])
     assert "sqlalchemy" in {m.split(".")[0] for m in operator}
     store_api = reached(PROGRAMS["agentrun-store-api"])
