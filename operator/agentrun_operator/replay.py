@@ -9,6 +9,7 @@ a handler that runs again reads that record back and finishes the same approval.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from collections.abc import Callable, Mapping
@@ -183,6 +184,15 @@ async def reconcile(ctx: Context, replay: Mapping[str, Any]) -> float | None:
             # Approved before, but the original (or its snapshot's name) vanished before
             # its run was created: say so rather than create a run on nothing.
             decision = decide_now(None)
+    if forced and not decision.approved:
+        # A forcer asked and it still is a refusal: the status says the annotation was
+        # examined, so it changes (and its Event tells the forcer) once.
+        decision = dataclasses.replace(decision, message=f"{decision.message} {FORCE_SEEN}")
+    if not decision.approved and _says_already(status, decision):
+        # Decided so already: a forced replay that stays refused is looked at again on
+        # every change of it, its own status write included. One status write and one
+        # Event per decision, not per look (else each write brings the next).
+        return None
     # Logged as decided before the status write, which a replica that decided the same
     # at the same moment may lose (Conflict): the decision itself went through the store.
     _log(replay, decision, new_name if decision.approved else None)
@@ -280,6 +290,14 @@ async def _create_run(ctx: Context, manifest: Mapping[str, Any]) -> None:
             == meta["annotations"][ANNOTATION_INPUT_DIGEST])
     if not ours:
         raise NotOurRun(f"AgentRun {meta['name']} already exists and is not this replay's run")
+
+
+FORCE_SEEN = "The force annotation was examined: it does not change this refusal."
+
+
+def _says_already(status: Mapping[str, Any], decision: Decision) -> bool:
+    return (status.get("phase"), status.get("reason"), status.get("message")) == (
+        decision.phase, decision.reason, decision.message)
 
 
 async def _write_status(

@@ -5,6 +5,7 @@ would, and the tests read what the user reads (status, message, Events, the runs
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from agentrun_devtools.processes import wait_for
@@ -109,8 +110,15 @@ def test_running_original_is_refused_and_force_does_not_change_that(
 
     wait_for(lambda: refusals() == 2, timeout=30, what="second OriginalRunning decision")
     replay = wait_decided(system, namespace, "busy-again")
-    assert_refused(replay, ReplayReason.ORIGINAL_RUNNING, "Forcing does not change this")
+    assert_refused(replay, ReplayReason.ORIGINAL_RUNNING, "Forcing does not change this",
+                   "The force annotation was examined")
     assert replay_runs(system, namespace, "busy") == []
+    # ... and examined once: its own status write brings no further decision (each would
+    # be another status write and another Event, twice a second).
+    version = replay["metadata"]["resourceVersion"]
+    time.sleep(3)
+    assert refusals() == 2
+    assert wait_decided(system, namespace, "busy-again")["metadata"]["resourceVersion"] == version
     system.kubectl("delete", "-n", namespace, "agentrun/busy", "--wait=false")
 
 
