@@ -65,3 +65,15 @@ events = Table(
     Column("timestamp", DateTime),
     Column("event_data", StoredJSON),
 )
+
+
+def session_is(app_name: str, user_id: str, session_id: str) -> tuple[Any, ...]:
+    """The `where` of one session's row."""
+    return (sessions.c.app_name == app_name, sessions.c.user_id == user_id,
+            sessions.c.id == session_id)
+
+
+def events_of(app_name: str, user_id: str, session_id: str) -> tuple[Any, ...]:
+    """The `where` of one session's events."""
+    return (events.c.app_name == app_name, events.c.user_id == user_id,
+            events.c.session_id == session_id)

@@ -7,17 +7,17 @@ runs) it answers the one question a replay needs: did this attempt touch the wor
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import or_, select, text, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agentrun.ledger import LedgerEntry
+from agentrun.store import adk_tables as adk
 from agentrun.store.schema import attempts, tool_calls
 from agentrun.vocabulary import LedgerOutcome, RunStatus
 
@@ -131,21 +131,15 @@ def function_calls_of(event_data: Mapping[str, Any]) -> list[tuple[str, str | No
 async def _session_calls(
     conn: AsyncConnection, app_name: str, user_id: str, session_id: str, invocation_id: str
 ) -> list[_Call]:
-    # ADK's own table (schema v1, which ADK 2.x creates): read with plain SQL so that
-    # reading never creates or migrates ADK's tables.
+    # ADK's own table, by column name (adk_tables): reading never creates or migrates it.
     rows = await conn.execute(
-        text(
-            "SELECT id, timestamp, event_data FROM events "
-            "WHERE app_name = :app AND user_id = :user AND session_id = :session "
-            "AND invocation_id = :invocation ORDER BY timestamp, id"
-        ),
-        {"app": app_name, "user": user_id, "session": session_id, "invocation": invocation_id},
-    )
+        select(adk.events.c.timestamp, adk.events.c.event_data)
+        .where(*adk.events_of(app_name, user_id, session_id),
+               adk.events.c.invocation_id == invocation_id)
+        .order_by(adk.events.c.timestamp, adk.events.c.id))
     calls: list[_Call] = []
     for row in rows:
         data = row.event_data
-        if isinstance(data, str | bytes):
-            data = json.loads(data)
         if not isinstance(data, Mapping):
             continue
         stamp = data.get("timestamp")
@@ -267,16 +261,12 @@ async def journal(engine: AsyncEngine, uid: str, attempts_of_session: list[int],
                 select(tool_calls).where(tool_calls.c.run_uid == uid,
                                          tool_calls.c.attempt.in_(attempts_of_session))
                 .order_by(tool_calls.c.attempt, tool_calls.c.seq)))
-            events = await conn.execute(
-                text("SELECT event_data FROM events WHERE app_name = :app AND user_id = :user "
-                     "AND session_id = :session"),
-                {"app": app_name, "user": user_id, "session": session_id})
+            events = await conn.execute(select(adk.events.c.event_data).where(
+                *adk.events_of(app_name, user_id, session_id)))
             answered: set[str] = set()
             count = 0
             for (data,) in events:
                 count += 1
-                if isinstance(data, str | bytes):
-                    data = json.loads(data)
                 for part in ((data or {}).get("content") or {}).get("parts") or []:
                     response = part.get("function_response") if isinstance(part, Mapping) \
                         else None

@@ -92,21 +92,17 @@ async def fork_session(engine: AsyncEngine, *, app_name: str, user_id: str, sour
     One transaction, on ADK's own tables by column name (agentrun.store.adk_tables): a
     fork is whole or absent. Returns False when `target` exists already (forked before,
     or by another replica at the same moment)."""
-    def of(table: Any, session_column: Any, session_id: str) -> tuple[Any, ...]:
-        return (table.c.app_name == app_name, table.c.user_id == user_id,
-                session_column == session_id)
-
     try:
         async with engine.begin() as conn:
             original = (await conn.execute(select(adk.sessions).where(
-                *of(adk.sessions, adk.sessions.c.id, source)))).one_or_none()
+                *adk.session_is(app_name, user_id, source)))).one_or_none()
             if original is None:
                 raise LookupError(f"session {source} of {app_name} is gone; nothing to fork")
             if (await conn.execute(select(adk.sessions.c.id).where(
-                    *of(adk.sessions, adk.sessions.c.id, target)))).first() is not None:
+                    *adk.session_is(app_name, user_id, target)))).first() is not None:
                 return False
             copied = [copy for row in await conn.execute(
-                select(adk.events).where(*of(adk.events, adk.events.c.session_id, source))
+                select(adk.events).where(*adk.events_of(app_name, user_id, source))
                 .order_by(adk.events.c.timestamp, adk.events.c.id))
                 if (copy := _event_copy(row, target)) is not None]
             now = datetime.now(UTC).replace(tzinfo=None)
@@ -121,7 +117,7 @@ async def fork_session(engine: AsyncEngine, *, app_name: str, user_id: str, sour
         # there now. Anything else is not "forked before".
         async with engine.connect() as conn:
             if (await conn.execute(select(adk.sessions.c.id).where(
-                    *of(adk.sessions, adk.sessions.c.id, target)))).first() is None:
+                    *adk.session_is(app_name, user_id, target)))).first() is None:
                 raise
         return False
     return True
