@@ -50,20 +50,19 @@ from eviction import latency_table, timed_eviction  # noqa: E402
 from kubernetes import client, config  # noqa: E402
 from throughput import Report, default_out, load  # noqa: E402
 
-from e2e.install import RELEASE_NAMESPACE, Cluster, installed  # noqa: E402
+from e2e.install import (  # noqa: E402
+    EMAIL,
+    RELEASE_NAMESPACE,
+    Cluster,
+    installed,
+    run_manifest,
+)
 
 NAMESPACE = "shop"
-EMAIL = {"to": "customer-42@example.com", "body": "Your refund is on its way."}
 
 
 class TrialFailed(Exception):
     pass
-
-
-def emails(cluster: Cluster, run: str) -> int:
-    rows = cluster.query("SELECT count(*) FROM sample_outbox WHERE tool = 'send_email' "
-                         "AND run_name = %s", run)
-    return int(rows[0][0])
 
 
 def diagnosis(cluster: Cluster, run: str) -> str:
@@ -114,16 +113,12 @@ def system_pods(cluster: Cluster) -> dict[str, dict[str, Any]]:
 def agentrun_trial(cluster: Cluster, core: client.CoreV1Api, custom: client.CustomObjectsApi,
                    i: int) -> float:
     name = f"lat-{i}"
-    cluster.apply(NAMESPACE, {
-        "apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": name},
-        "spec": {"agent": "support-agent", "userId": "customer-42", "model": "scripted",
-                 "input": {"text": "Customer 42 asks for a refund of order 42."},
-                 "env": [{"name": "AGENTRUN_SCRIPT", "value": json.dumps([
-                     {"call": "send_email", "args": {**EMAIL, "delay_seconds": 300}},
-                     {"text": "Told the customer."}])}]}})
+    cluster.apply(NAMESPACE, run_manifest(name, [
+        {"call": "send_email", "args": {**EMAIL, "delay_seconds": 300}},
+        {"text": "Told the customer."}]))
     try:
         cluster.wait_phase("agentrun", name, NAMESPACE, ("Running",), timeout=240)
-        cluster.wait("the email in the store", lambda: emails(cluster, name) >= 1,
+        cluster.wait("the email in the store", lambda: cluster.emails(name) >= 1,
                      timeout=240)
     except (AssertionError, TimeoutError) as e:
         raise TrialFailed(f"{name}: {e}\n{diagnosis(cluster, name)}") from e

@@ -96,11 +96,30 @@ class Cluster:
         ip = service["spec"]["clusterIP"]
         return re.sub(r"@[^:/]+", f"@{ip}", url, count=1)
 
+    def emails(self, *runs: str) -> int:
+        """The sample agents' emails sent by these runs, counted in the store."""
+        rows = self.query("SELECT count(*) FROM sample_outbox WHERE tool = 'send_email' "
+                          "AND run_name = ANY(%s)", list(runs))
+        return int(rows[0][0])
+
     def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         import psycopg
         url = self.store_url().replace("postgresql+psycopg://", "postgresql://")
         with psycopg.connect(url, connect_timeout=10) as conn:
             return list(conn.execute(sql, params).fetchall())
+
+
+EMAIL: dict[str, Any] = {"to": "customer-42@example.com", "body": "Your refund is on its way."}
+
+
+def run_manifest(name: str, script: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    """A support-agent AgentRun on the offline scripted model, playing `script`."""
+    return {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun",
+            "metadata": {"name": name},
+            "spec": {"agent": "support-agent", "userId": "customer-42", "model": "scripted",
+                     "input": {"text": "Customer 42 asks for a refund of order 42."},
+                     "env": [{"name": "AGENTRUN_SCRIPT", "value": json.dumps(script)}],
+                     **spec}}
 
 
 def _sh(command: str, env: dict[str, str], timings: dict[str, float], *,

@@ -18,21 +18,9 @@ from typing import Any
 import pytest
 from agentrun_devtools.controlplane import REPO
 
-from e2e.install import RELEASE_NAMESPACE, Cluster
+from e2e.install import EMAIL, RELEASE_NAMESPACE, Cluster, run_manifest
 
 pytestmark = pytest.mark.realnode
-
-EMAIL = {"to": "customer-42@example.com", "body": "Your refund is on its way."}
-
-
-def run_manifest(name: str, script: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun",
-            "metadata": {"name": name},
-            "spec": {"agent": "support-agent", "userId": "customer-42", "model": "scripted",
-                     "input": {"text": "Customer 42 asks for a refund of order 42."},
-                     "env": [{"name": "AGENTRUN_SCRIPT", "value": json.dumps(script)}],
-                     **spec}}
-
 
 def replay_manifest(name: str, run: str) -> dict[str, Any]:
     return {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRunReplay",
@@ -48,12 +36,6 @@ def evict(cluster: Cluster, namespace: str, pod: str) -> float:
     return time.monotonic()
 
 
-def emails(cluster: Cluster, *runs: str) -> int:
-    rows = cluster.query("SELECT count(*) FROM sample_outbox WHERE tool = 'send_email' "
-                         "AND run_name = ANY(%s)", list(runs))
-    return int(rows[0][0])
-
-
 def pod_log(cluster: Cluster, namespace: str, pod: str) -> str:
     return cluster.kubectl("logs", "-n", namespace, pod, check=False).stdout
 
@@ -64,7 +46,7 @@ def test_evicted_mid_tool_refused_then_forced(cluster: Cluster) -> None:
               {"text": "Told the customer."}]
     cluster.apply(ns, run_manifest("refund-42", script), as_user="alice")
     cluster.wait_phase("agentrun", "refund-42", ns, ("Running",), timeout=240)
-    cluster.wait("the email in the store", lambda: emails(cluster, "refund-42") == 1,
+    cluster.wait("the email in the store", lambda: cluster.emails("refund-42") == 1,
                  timeout=120)
     evict(cluster, ns, "refund-42-1")
     run = cluster.wait_phase("agentrun", "refund-42", ns, ("Failed", "Succeeded"))
@@ -86,7 +68,7 @@ def test_evicted_mid_tool_refused_then_forced(cluster: Cluster) -> None:
     # The replay run's script is the original's: send_email waits 60 s before answering.
     done = cluster.wait_phase("agentrun", again, ns, ("Succeeded", "Failed"), timeout=300)
     assert done["status"]["phase"] == "Succeeded", done["status"]
-    assert emails(cluster, "refund-42", again) == 2, "one by the run, one by its forced replay"
+    assert cluster.emails("refund-42", again) == 2, "one by the run, one by its forced replay"
 
 
 def test_runner_is_not_root_and_its_root_filesystem_is_read_only(cluster: Cluster) -> None:
