@@ -132,6 +132,20 @@ def refresh_due(issued_at: datetime.datetime, expires_at: datetime.datetime,
     return now >= issued_at + min(lifetime * TOKEN_REFRESH_FRACTION, TOKEN_MAX_AGE)
 
 
+# How a kubelet reports a container it can no longer find (a node-pressure eviction, a
+# node back from a power loss): terminated, exit 137.
+UNLOCATED: dict[str, Any] = {
+    "exitCode": 137, "reason": "ContainerStatusUnknown",
+    "message": "The container could not be located when the pod was terminated"}
+
+
+def _terminated_container(proc: PodProcess, terminated: dict[str, Any],
+                          **extra: Any) -> dict[str, Any]:
+    """The containerStatuses entry of a pod's container that has ended."""
+    return {"name": proc.container, "ready": False, "started": False, "restartCount": 0,
+            "image": "", "imageID": "", **extra, "state": {"terminated": terminated}}
+
+
 def _under(value: str, mount_path: str) -> bool:
     return value == mount_path or value.startswith(mount_path + "/")
 
@@ -563,9 +577,7 @@ class DevNode:
             terminated.update(reason="OOMKilled", exitCode=137)
             status["phase"] = "Failed"
         elif proc.ending == SIMULATE_NODE_PRESSURE_EVICTION:
-            terminated.update(reason="ContainerStatusUnknown", exitCode=137,
-                              message="The container could not be located when the pod was "
-                                      "terminated")
+            terminated.update(UNLOCATED)
             status.update(
                 phase="Failed", reason="Evicted",
                 message="The node was low on resource: memory. Threshold quantity: 100Mi, "
@@ -587,11 +599,8 @@ class DevNode:
             if tail:
                 terminated["message"] = tail
         status["conditions"] = conditions
-        status["containerStatuses"] = [{
-            "name": proc.container, "ready": False, "started": False, "restartCount": 0,
-            "image": "", "imageID": "", "containerID": f"devnode://{proc.process.pid}",
-            "state": {"terminated": terminated},
-        }]
+        status["containerStatuses"] = [_terminated_container(
+            proc, terminated, containerID=f"devnode://{proc.process.pid}")]
         log.info("event=exited pod=%s/%s code=%s phase=%s ending=%s", proc.namespace,
                  proc.name, exit_code, status["phase"], proc.ending)
         self.finished.add(proc.uid)
@@ -651,14 +660,8 @@ class DevNode:
         log.info("event=vanished pod=%s/%s", proc.namespace, proc.name)
         self._patch_status(proc.namespace, proc.name, {
             "phase": "Failed", "conditions": self._conditions(ready=False),
-            "containerStatuses": [{
-                "name": proc.container, "ready": False, "started": False, "restartCount": 0,
-                "image": "", "imageID": "", "state": {"terminated": {
-                    "exitCode": 137, "reason": "ContainerStatusUnknown",
-                    "message": "The container could not be located when the pod was "
-                               "terminated", "startedAt": _stamp(proc.started_at),
-                    "finishedAt": _stamp()}},
-            }],
+            "containerStatuses": [_terminated_container(proc, {
+                **UNLOCATED, "startedAt": _stamp(proc.started_at), "finishedAt": _stamp()})],
         })
 
     def _report_start_failure(self, pod: Any, container: str, message: str) -> None:
