@@ -26,6 +26,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+import requirements_of
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[2]
@@ -214,14 +215,11 @@ def distribution_of(module: str) -> str | None:
     return _canonical(owners[0]) if owners else None
 
 
-def _extras_of_project() -> dict[str, list[str]]:
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    return {"": project.get("dependencies", []), **project["optional-dependencies"]}
-
-
 def brought_by(extra: str) -> set[str]:
-    """The distributions agentrun[extra] installs, resolved through installed metadata."""
-    ours = _extras_of_project()
+    """The distributions agentrun[extra] installs: its requirements as the images read them
+    (devtools/requirements_of.py, our own extras expanded), resolved through installed
+    metadata."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     todo: list[tuple[str, frozenset[str]]] = []
     done: set[tuple[str, frozenset[str]]] = set()
 
@@ -232,7 +230,8 @@ def brought_by(extra: str) -> set[str]:
             return
         todo.append((_canonical(req.name), frozenset(req.extras)))
 
-    for requirement in ours[""] + ours[extra]:
+    for requirement in [*project.get("dependencies", []),
+                        *requirements_of.requirements(project, extra, set())]:
         add(requirement)
     dists: set[str] = set()
     while todo:
@@ -240,11 +239,6 @@ def brought_by(extra: str) -> set[str]:
         if (name, extras) in done:
             continue
         done.add((name, extras))
-        if name == "agentrun":
-            for e in extras:
-                for requirement in ours[e]:
-                    add(requirement)
-            continue
         dists.add(name)
         for requirement in metadata.requires(name) or ():
             add(requirement, extras)
