@@ -35,7 +35,6 @@ import datetime
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -67,23 +66,11 @@ class TrialFailed(Exception):
 
 def diagnosis(cluster: Cluster, run: str) -> str:
     """What the cluster says when a runner did not get going."""
-    def out(*args: str) -> str:
-        done = cluster.kubectl(*args, check=False)
-        return (done.stdout or done.stderr).strip()
-
-    store_pods = out("get", "pods", "-n", RELEASE_NAMESPACE, "-o", "wide")
-    iptables = subprocess.run(["iptables-save", "-t", "nat"], capture_output=True,
-                              text=True, check=False).stdout
-    rules = "\n".join(line for line in iptables.splitlines() if "store-api" in line)
+    log = cluster.kubectl("logs", "-n", NAMESPACE, f"{run}-1", "--tail=30", check=False)
     return "\n".join([
         f"run status: {json.dumps(cluster.get('agentrun', run, NAMESPACE).get('status'))}",
-        f"runner log (tail):\n{out('logs', '-n', NAMESPACE, f'{run}-1', '--tail=30')}",
-        f"pods in {RELEASE_NAMESPACE}:\n{store_pods}",
-        f"endpoints in {RELEASE_NAMESPACE}:\n"
-        f"{out('get', 'endpointslices', '-n', RELEASE_NAMESPACE, '-o', 'wide')}",
-        f"events in {RELEASE_NAMESPACE}:\n"
-        f"{out('get', 'events', '-n', RELEASE_NAMESPACE, '--sort-by=.lastTimestamp')}",
-        f"kube-proxy nat rules naming the store API:\n{rules or '(none)'}",
+        f"runner log (tail):\n{(log.stdout or log.stderr).strip()}",
+        cluster.release_report(),
     ])
 
 
@@ -215,8 +202,11 @@ def main() -> int:
             say(f"\nruns that never got going: {len(failures)} of {args.trials}")
             for failure in failures:
                 say(f"\n{failure}")
+            went = cluster.node_not_ready()
+            say(f"\nthe node went NotReady: {len(went)} Events" + "".join(
+                f"\n  {line}" for line in went))
             say(f"\nload average at the end {load()} (other processes share these CPUs)")
-            ok = not failures and not restarted
+            ok = not failures and not restarted and not went
     finally:
         shutil.rmtree(root, ignore_errors=True)
     say.write(out)

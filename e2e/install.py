@@ -102,6 +102,52 @@ class Cluster:
                           "AND run_name = ANY(%s)", list(runs))
         return int(rows[0][0])
 
+    def node_not_ready(self) -> list[str]:
+        """The Events saying the node went NotReady (the node controller's, on the Node
+        and on each pod of it): a node that stops reporting is not what any test here is
+        about, and it takes every pod out of its Services' endpoints while it lasts."""
+        done = self.kubectl("get", "events", "-A", "--field-selector=reason=NodeNotReady",
+                            "-o", "json")
+        return [f"{e['metadata']['namespace']} {e['involvedObject']['kind']}/"
+                f"{e['involvedObject']['name']}: {e.get('message')} "
+                f"(last {e.get('lastTimestamp') or e.get('eventTime')})"
+                for e in json.loads(done.stdout)["items"]]
+
+    def release_report(self) -> str:
+        """What the cluster says about the release when something did not work: its pods
+        (restarts, readiness, each container's last state), endpoints, Events,
+        kube-proxy's rules for its Services and the tail of each pod's log."""
+        def out(*args: str) -> str:
+            done = self.kubectl(*args, check=False)
+            return (done.stdout or done.stderr).strip()
+
+        pods = self.kubectl("get", "pods", "-n", RELEASE_NAMESPACE, "-o", "json",
+                            check=False)
+        states, logs = [], []
+        for pod in (json.loads(pods.stdout)["items"] if pods.returncode == 0 else []):
+            name = pod["metadata"]["name"]
+            for status in (pod.get("status") or {}).get("containerStatuses") or []:
+                states.append(f"  {name}/{status['name']}: ready {status.get('ready')}, "
+                              f"restarts {status.get('restartCount')}, last state "
+                              f"{json.dumps(status.get('lastState') or {})}")
+            logs.append(f"log of {name} (tail):\n"
+                        f"{out('logs', '-n', RELEASE_NAMESPACE, name, '--tail=15')}")
+        iptables = subprocess.run(["iptables-save", "-t", "nat"], capture_output=True,
+                                  text=True, check=False).stdout
+        rules = "\n".join(line for line in iptables.splitlines()
+                          if f"{RELEASE_NAMESPACE}/" in line)
+        return "\n".join([
+            f"pods in {RELEASE_NAMESPACE}:\n"
+            f"{out('get', 'pods', '-n', RELEASE_NAMESPACE, '-o', 'wide')}",
+            "containers:\n" + "\n".join(states),
+            f"endpoints in {RELEASE_NAMESPACE}:\n"
+            f"{out('get', 'endpointslices', '-n', RELEASE_NAMESPACE, '-o', 'wide')}",
+            f"events in {RELEASE_NAMESPACE}:\n"
+            f"{out('get', 'events', '-n', RELEASE_NAMESPACE, '--sort-by=.lastTimestamp')}",
+            f"kube-proxy nat rules for {RELEASE_NAMESPACE}'s Services:\n{rules or '(none)'}",
+            *logs,
+        ])
+
     def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         import psycopg
         url = self.store_url().replace("postgresql+psycopg://", "postgresql://")

@@ -700,6 +700,14 @@ imports = []
             "serverTLSBootstrap": False,
             "nodeStatusUpdateFrequency": "2s",
             "nodeStatusReportFrequency": "10s",
+            # The launcher's controller manager marks a node NotReady after 8 s without a
+            # heartbeat (controlplane.NODE_MONITOR_GRACE; the default is 40 s), and the
+            # kubelet renews its Lease every quarter of this duration (10 s by default):
+            # then the node flapped to Unknown every few heartbeats, which marks every pod
+            # on it not ready, empties the Services' endpoints (a client of the store was
+            # refused) and starts the taint manager's eviction clocks. 8 s renews every
+            # 2 s: four heartbeats per grace period, the defaults' ratio.
+            "nodeLeaseDurationSeconds": 8,
             "syncFrequency": "10s",
             "fileCheckFrequency": "10s",
             "imageMinimumGCAge": "24h",
