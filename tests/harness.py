@@ -43,7 +43,8 @@ class Operator:
         # the store API URL they were given.
         self.store_api_port = free_port()
 
-    def start(self) -> Operator:
+    def start(self, *, wait: bool = True) -> Operator:
+        """Starts it; unless told not to wait, returns once it says `event=started`."""
         self.starts += 1
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig),
                "DATABASE_URL": self.store_url}
@@ -53,6 +54,11 @@ class Operator:
              f"--store-api-listen=127.0.0.1:{self.store_api_port}",
              *(["--allow-scripted-model"] if self.scripted else []), *self.args],
             self.log_dir / f"operator-{self.starts}.log", env=env)
+        if wait:
+            self.wait_started()
+        return self
+
+    def wait_started(self) -> None:
         marker = "event=started"
 
         def ready() -> bool:
@@ -65,7 +71,6 @@ class Operator:
         found = re.search(r"event=started .*store_api=(\S+)", self.child.log_path.read_text(
             errors="replace"))
         self.store_api_url = found.group(1) if found else ""
-        return self
 
     def kill(self) -> None:
         """SIGKILL: no cleanup, no finalizer work, as a crashed operator."""

@@ -21,6 +21,7 @@ from typing import Any
 
 import kopf
 from kubernetes import client
+from sqlalchemy.exc import SQLAlchemyError
 
 from agentrun import store
 from agentrun.vocabulary import (
@@ -65,6 +66,35 @@ def _needs_look(run: Mapping[str, Any]) -> bool:
         bool((run.get("metadata") or {}).get("deletionTimestamp"))
 
 
+# The wait for the store at start-up: first retry after STORE_WAIT_FIRST s, doubling up to
+# STORE_WAIT_LONGEST s.
+STORE_WAIT_FIRST = 0.5
+STORE_WAIT_LONGEST = 10.0
+
+
+async def migrate_when_reachable(url: str) -> None:
+    """Migrates the store, waiting for it as long as it cannot be reached.
+
+    A fresh install starts the operator and its database together, and the operator is
+    often first. Failing the start-up handler would leave the retry to kopf, 60 s later;
+    instead this retries with a short backoff, and says so each time (the store, without
+    its password, and the error), so that an operator pointed at a wrong or absent
+    database says why it does nothing.
+    """
+    delay = STORE_WAIT_FIRST
+    while True:
+        try:
+            await store.migrate(url)
+            return
+        except (SQLAlchemyError, OSError, TimeoutError) as e:
+            metrics.STORE_ERRORS.labels("migrate").inc()
+            reason = " ".join(str(e).split())[:300]
+            log.warning("event=store-unreachable store=%s retry_in=%.1fs error=%r",
+                        store.redact(url), delay, reason)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, STORE_WAIT_LONGEST)
+
+
 def register(config: OperatorConfig) -> kopf.OperatorRegistry:
     """Every handler of the operator, on a fresh registry."""
     registry = kopf.OperatorRegistry()
@@ -81,8 +111,8 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
         settings.posting.level = logging.INFO
         loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(API_THREADS, "kube"))
-        await store.migrate(config.database_url)
         metrics.serve(config.metrics_port)
+        await migrate_when_reachable(config.database_url)
         kube = Kube(pool=API_THREADS)
         events.configure(kube.api)
         running = config

@@ -5,6 +5,7 @@ a solo-* namespace (the session operator ignores those) with the settings it nee
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -26,10 +27,10 @@ def solo(crds: ControlPlane, dev_node: object, store_url: str, solo_namespace: s
     """Starts an operator watching only this test's namespace, with extra flags."""
     started: list[Operator] = []
 
-    def start(*args: str, url: str = store_url) -> System:
+    def start(*args: str, url: str = store_url, wait: bool = True) -> System:
         operator = Operator(crds, url, tmp_path / f"op{len(started)}",
                             (f"--namespace={solo_namespace}", "--check-interval=1", *args))
-        started.append(operator.start())
+        started.append(operator.start(wait=wait))
         return System(crds, url, operator)
 
     try:
@@ -105,6 +106,37 @@ def test_store_unreachable_at_settle_time(solo: SoloFactory, solo_namespace: str
         assert known[Condition.TOOLS_EXECUTED]["status"] == "True"
         recorded = system.store(lambda e: store.get_run(e, uid))
         assert recorded is not None and recorded.tools_executed == ["send_email"]
+    finally:
+        own.stop()
+
+
+def test_store_unreachable_at_start_up(solo: SoloFactory, solo_namespace: str) -> None:
+    """A fresh install starts the operator and its database together, the operator often
+    first: it waits for the store with a short backoff, saying so (without the password),
+    and goes on once the store answers; a run created meanwhile is not lost."""
+    own = Postgres().start()
+    try:
+        own.halt()
+        url = own.url.replace("agentrun@", "agentrun:pw-not-in-logs@")  # trust auth
+        system = solo(url=url, wait=False)
+
+        def waits() -> list[str]:
+            return [line for line in system.operator.log().splitlines()
+                    if "event=store-unreachable" in line]
+
+        wait_for(lambda: len(waits()) >= 3, timeout=60, what="three store-unreachable lines")
+        assert f"store={store.redact(url)}" in waits()[0], waits()[0]
+        assert "pw-not-in-logs" not in system.operator.log()
+        system.apply(in_namespace(agent_run("early", HAPPY), solo_namespace))
+        assert "event=started" not in system.operator.log()
+        own.resume()
+        system.operator.wait_started()
+        run = system.wait_phase(solo_namespace, "early", Phase.SUCCEEDED, Phase.FAILED)
+        assert run["status"]["phase"] == Phase.SUCCEEDED, run["status"]
+        delays = [float(re.search(r"retry_in=([\d.]+)s", line).group(1))  # type: ignore[union-attr]
+                  for line in waits()]
+        assert delays[:3] == [0.5, 1.0, 2.0], delays
+        assert max(delays) <= 10, delays
     finally:
         own.stop()
 
