@@ -14,11 +14,13 @@ WORKDIR /src
 # The dependencies first, from pyproject.toml alone: a change to the code reuses this layer.
 # Only agentrun[operator]'s (no ADK, no model provider: pyproject.toml), exact versions
 # from requirements.lock.
-COPY pyproject.toml README.md requirements.lock devtools/requirements_of.py ./
+COPY pyproject.toml requirements.lock devtools/requirements_of.py ./
 RUN python3 requirements_of.py operator <pyproject.toml >/tmp/requirements.txt \
  && python3 -m venv /opt/agentrun \
  && /opt/agentrun/bin/pip install -c requirements.lock -r /tmp/requirements.txt \
  && cp requirements.lock /opt/agentrun/requirements.lock
+# README.md only here (pyproject.toml's readme): an edit of it keeps the layer above.
+COPY README.md ./
 COPY agentrun ./agentrun
 COPY operator ./operator
 RUN /opt/agentrun/bin/pip install --no-deps . \

@@ -40,6 +40,11 @@ HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 BASE_NAME = "localhost/agentrun/debian-base:bookworm"
 # Bump when the way an image is made changes in a way its inputs do not show.
 RECIPE = "1"
+# buildah's storage keeps what every earlier build made: the images a rebuild took the tag
+# from, and each stage's --layers cache, about 1.5 GB per change of the sources. Past this
+# size the untagged ones go after a build (the next build of a changed image may then redo
+# a stage it had cached: the dependencies' pip install).
+STORAGE_BUDGET = 8 * 2**30
 
 # The base: what a Python program and a Postgres install need, and no more. Documentation,
 # manual pages and translations are left out (copyright files stay), as in Debian's -slim.
@@ -127,6 +132,13 @@ def _instructions(dockerfile: Path) -> Iterator[list[str]]:
         pending = ""
     if pending:
         yield shlex.split(pending)
+
+
+def named_stages(dockerfile: Path) -> list[str]:
+    """The stages the Dockerfile names (`FROM ... AS name`) before its last one."""
+    stages = [words for words in _instructions(dockerfile) if words[0].upper() == "FROM"]
+    return [words[-1] for words in stages[:-1]
+            if len(words) >= 4 and words[-2].upper() == "AS"]
 
 
 def copied_sources(dockerfile: Path) -> list[str]:
@@ -338,6 +350,11 @@ def write_archive(layout: Path, archive: Path) -> None:
                     filter=clean)
 
 
+def stage_name(image: Image, stage: str) -> str:
+    """The tag kept on an image's earlier stage, so that pruning leaves its layers."""
+    return f"localhost/agentrun/{image.short}-{stage}:cache"
+
+
 def build_image(buildah: Buildah, cache: Path, image: Image, base: str) -> Path:
     """Build one image (unless its archive is current) and return its archive."""
     archive = archive_path(cache, image)
@@ -348,14 +365,19 @@ def build_image(buildah: Buildah, cache: Path, image: Image, base: str) -> Path:
         return archive
     archive.parent.mkdir(parents=True, exist_ok=True)
     argv = ["bud", "--pull=never", "--layers", "--isolation", "chroot", "--network", "host",
-            "--build-arg", f"BASE_IMAGE={BASE_NAME}", "--label", f"dev.agentrun.key={key}",
-            "-f", str(image.dockerfile), "-t", image.name]
+            "--build-arg", f"BASE_IMAGE={BASE_NAME}", "-f", str(image.dockerfile)]
     for arg, value in image.build_args:
         argv += ["--build-arg", f"{arg}={value}"]
     if HOST_CA.exists():
         argv += ["-v", f"{HOST_CA}:{HOST_CA}:ro"]
+    # Each earlier stage is built and tagged first (the build below finds it in the
+    # --layers cache): its result is no image's parent, so untagged it would be pruned
+    # with the layers under it, the dependencies' install among them.
+    for stage in named_stages(image.dockerfile):
+        with step(f"{image.short}: buildah bud --target {stage}"):
+            buildah.run(*argv, "--target", stage, "-t", stage_name(image, stage), str(REPO))
     with step(f"{image.short}: buildah bud {image.dockerfile.relative_to(REPO)}"):
-        buildah.run(*argv, str(REPO))
+        buildah.run(*argv, "--label", f"dev.agentrun.key={key}", "-t", image.name, str(REPO))
     with step(f"{image.short}: export {archive}"), \
             tempfile.TemporaryDirectory(dir=archive.parent) as scratch:
         layout = Path(scratch) / "layout"
@@ -388,7 +410,31 @@ def build(images: Sequence[Image], cache: Path | None = None) -> dict[str, Path]
         return current
     buildah = choose_buildah(cache)
     base = build_base(buildah, cache)
-    return {image.short: build_image(buildah, cache, image, base) for image in images}
+    built = {image.short: build_image(buildah, cache, image, base) for image in images}
+    prune(buildah)
+    return built
+
+
+def disk_usage(path: Path) -> int:
+    """Bytes under `path`, each hard-linked file once (du)."""
+    done = subprocess.run(["du", "-s", "--block-size=1", str(path)], text=True,
+                          capture_output=True, check=True)
+    return int(done.stdout.split()[0])
+
+
+def prune(buildah: Buildah, budget: int = STORAGE_BUDGET) -> None:
+    """Removes the untagged images from buildah's storage once it is over `budget` bytes."""
+    used = disk_usage(buildah.root)
+    if used <= budget:
+        return
+    with step(f"storage {used / 2**30:.1f} GiB, over {budget / 2**30:.0f} GiB: "
+              "buildah rmi --prune"):
+        done = subprocess.run(buildah.argv("rmi", "--prune"), text=True, capture_output=True)
+    # The images are built: a prune that fails (an image still used by a working
+    # container) is reported, not fatal.
+    if done.returncode != 0:
+        log(f"prune failed: {done.stderr.strip()[-500:]}")
+    log(f"storage now {disk_usage(buildah.root) / 2**30:.1f} GiB")
 
 
 # --- running an image without a kubelet ----------------------------------------------------

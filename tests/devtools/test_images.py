@@ -251,3 +251,41 @@ def test_the_hosts_ca_bundle_is_not_baked_in(bundles: dict[str, Path], short: st
     assert bundle.exists()
     text = bundle.read_text()
     assert not any(body in text for body in local)
+
+
+def test_storage_over_its_budget_keeps_only_the_tagged_images(tmp_path: Path) -> None:
+    """Each rebuild takes the tag from the image before it, which stays in buildah's
+    storage: a build over the budget prunes those, never a tagged image."""
+    if os.geteuid() != 0:
+        pytest.fail("buildah needs root here")
+    (tmp_path / "cache").mkdir()
+    buildah = images.choose_buildah(tmp_path / "cache")
+    tag = "localhost/agentrun/prune-test:dev"
+
+    def commit(content: bytes) -> str:
+        container = buildah.run("from", "scratch", capture=True).strip()
+        payload = tmp_path / "payload"
+        payload.write_bytes(content)
+        try:
+            buildah.run("add", "--quiet", container, str(payload), "/payload")
+            return buildah.run("commit", "--quiet", "--rm", container, tag,
+                               capture=True).strip()
+        except BaseException:
+            buildah.run("rm", container, capture=True)
+            raise
+
+    def stored() -> set[str]:
+        listed = json.loads(buildah.run("images", "--all", "--json", "--no-trunc",
+                                        capture=True) or "[]")
+        return {entry["id"].removeprefix("sha256:") for entry in listed}
+
+    try:
+        earlier = commit(os.urandom(1 << 20))
+        current = commit(os.urandom(1 << 20))
+        assert {earlier, current} <= stored()
+        images.prune(buildah, budget=1 << 40)
+        assert earlier in stored(), "under its budget, the storage is left alone"
+        images.prune(buildah, budget=0)
+        assert stored() == {current}
+    finally:
+        buildah.run("rmi", "--all", "--force", capture=True)
