@@ -33,8 +33,11 @@ def test_owner_killed_with_sigkill_leaves_no_process(tmp_path: Path) -> None:
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys, time
             sys.path.insert(0, {str(REPO / 'devtools')!r})
+            from pathlib import Path
             from agentrun_devtools.controlplane import ControlPlane
-            plane = ControlPlane(controller_manager=False, scheduler=False).start()
+            # Under tmp_path: nothing of the SIGKILLed owner removes its state directory.
+            plane = ControlPlane(Path({str(tmp_path / 'cp')!r}), controller_manager=False,
+                                 scheduler=False).start()
             open({str(pid_file)!r}, "w").write(" ".join(map(str, plane.pids())))
             time.sleep(600)
         """)],
