@@ -88,9 +88,8 @@ async def migrate_when_reachable(url: str) -> None:
             return
         except (SQLAlchemyError, OSError, TimeoutError) as e:
             metrics.STORE_ERRORS.labels("migrate").inc()
-            reason = " ".join(str(e).split())[:300]
             log.warning("event=store-unreachable store=%s retry_in=%.1fs error=%r",
-                        store.redact(url), delay, reason)
+                        store.redact(url), delay, e)
             await asyncio.sleep(delay)
             delay = min(delay * 2, STORE_WAIT_LONGEST)
 
