@@ -46,6 +46,8 @@ class Reason:
     DEADLINE_EXCEEDED: Final = "DeadlineExceeded"
     RATE_LIMITED_AFTER_TOOL_CALL: Final = "RateLimitedAfterToolCall"
     AGENT_ERROR: Final = "AgentError"
+    BUDGET_EXCEEDED: Final = "BudgetExceeded"
+    AWAITING_APPROVAL: Final = "AwaitingApproval"
     STALE: Final = "Stale"
     # Refused at launch, before any pod: no tool can have run (toolsExecuted []).
     MODEL_NOT_ALLOWED: Final = "ModelNotAllowed"
@@ -66,6 +68,14 @@ class Reason:
     INPUT_FORBIDDEN: Final = "InputForbidden"
     SUCCEEDED: Final = "Succeeded"
     CANCELLED: Final = "Cancelled"
+
+    # The failure reasons a runner may report for its own attempt (the store API refuses
+    # any other): every reason that would say "nothing ran" is the operator's alone.
+    RUNNER_REPORTED: Final = frozenset({AGENT_ERROR, RATE_LIMITED_AFTER_TOOL_CALL,
+                                        BUDGET_EXCEEDED, AWAITING_APPROVAL})
+    # What an attempt's recorded outcome may say: the runner's reasons, and the store API's
+    # own observation that the run's input snapshot is gone.
+    RECORDED: Final = RUNNER_REPORTED | {INPUT_UNAVAILABLE}
 
 
 class ReplayPhase:
@@ -94,6 +104,9 @@ class ReplayReason:
     RESUMABLE: Final = "Resumable"
     TOOL_CALL_IN_DOUBT: Final = "ToolCallInDoubt"
     JOURNAL_UNAVAILABLE: Final = "JournalUnavailable"
+    # The requester may not use what the replay run would (its Secrets, ConfigMaps, image,
+    # ServiceAccount): never overridden by force.
+    NOT_AUTHORIZED: Final = "NotAuthorized"
 
 
 class Condition:
@@ -132,6 +145,10 @@ LABEL_REPLAY_OF: Final = f"{GROUP}/replay-of"
 ANNOTATION_FORCE_REPLAY: Final = f"{GROUP}/force-replay"
 # On a replay run (set by the operator with spec.replayOf): the original's input snapshot.
 ANNOTATION_INPUT_DIGEST: Final = f"{GROUP}/input-digest"
+# Who asked for an AgentRunReplay, as the API server knew them: written at admission by the
+# policy agentrun-replay-requester (the groups joined by ","), never by anyone else.
+ANNOTATION_REQUESTED_BY: Final = f"{GROUP}/requested-by"
+ANNOTATION_REQUESTED_BY_GROUPS: Final = f"{GROUP}/requested-by-groups"
 # The RBAC verb on agentrunreplays that allows setting ANNOTATION_FORCE_REPLAY.
 VERB_FORCE: Final = "force"
 FORCER_CLUSTER_ROLE: Final = "agentrun-replay-forcer"

@@ -140,7 +140,8 @@ async def new_attempt(engine: AsyncEngine, world: RunnerWorld | None, tag: str) 
         uid = str(uuid.uuid4())
         name = f"run-{tag}-{uid[:8]}"
     attempt = Attempt(uid, name, f"{uid}-1")
-    digest = await store.put_input(engine, "bench", {})
+    digest = await store.put_input(engine, "bench", {},
+                                  key=await store.installation_key(engine))
     await store.record_run(engine, uid, NAMESPACE, name, AGENT, "manual", USER, digest)
     await store.start_attempt(engine, uid, 1, attempt.session_id, f"{name}-1")
     if world is not None:

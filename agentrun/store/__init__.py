@@ -15,7 +15,8 @@ Engines and schema
     await check_schema(engine)               raises StoreNotReady unless at head (runner)
 
 Inputs (content-addressed snapshots)
-    await put_input(engine, text, files: dict[name, bytes]) -> "sha256:<hex>"
+    await put_input(engine, text, files: dict[name, bytes], key=) -> "hmac-sha256:<hex>"
+    await installation_key(engine) -> bytes      the input digests' key, made once
     await get_input(engine, digest) -> Input | None
     await delete_input(engine, digest) -> bool
 
@@ -81,7 +82,14 @@ from agentrun.store.engine import (
     redact,
     session_service_url,
 )
-from agentrun.store.inputs import Input, delete_input, get_input, input_digest, put_input
+from agentrun.store.inputs import (
+    Input,
+    delete_input,
+    get_input,
+    input_digest,
+    installation_key,
+    put_input,
+)
 from agentrun.store.ledger import (
     AttemptSettled,
     JournalEntry,
@@ -165,6 +173,7 @@ __all__ = [
     "get_run",
     "head_revision",
     "input_digest",
+    "installation_key",
     "is_durable",
     "journal",
     "ledger",

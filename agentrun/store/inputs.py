@@ -4,6 +4,8 @@ the pod starts, so that a replay runs on exactly what the original saw."""
 from __future__ import annotations
 
 import hashlib
+import hmac
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -12,9 +14,12 @@ from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun.store.dialect import upsert_insert
-from agentrun.store.schema import input_files, inputs
+from agentrun.store.schema import input_files, inputs, installation
 
-DIGEST_PREFIX = "sha256:"
+# Keyed: a plain sha256 of the input on the AgentRun's status would let anyone who may read
+# the run confirm a guess of an input file's bytes (a Secret's, say) by hashing it.
+DIGEST_PREFIX = "hmac-sha256:"
+INPUT_DIGEST_KEY = "input-digest-key"
 
 
 @dataclass(frozen=True)
@@ -27,10 +32,11 @@ class Input:
     created_at: datetime | None = None
 
 
-def input_digest(text: str, files: Mapping[str, bytes] | None = None) -> str:
-    """`sha256:<hex>` over the text and the files (sorted by name), length-prefixed so
-    that no two different inputs can encode to the same bytes."""
-    h = hashlib.sha256(b"agentrun-input-v1\n")
+def input_digest(text: str, files: Mapping[str, bytes] | None = None, *, key: bytes) -> str:
+    """`hmac-sha256:<hex>` over the text and the files (sorted by name), length-prefixed so
+    that no two different inputs can encode to the same bytes, keyed by the installation's
+    input digest key (`installation_key`)."""
+    h = hmac.new(key, b"agentrun-input-v2\n", hashlib.sha256)
 
     def chunk(data: bytes) -> None:
         h.update(len(data).to_bytes(8, "big"))
@@ -43,12 +49,28 @@ def input_digest(text: str, files: Mapping[str, bytes] | None = None) -> str:
     return DIGEST_PREFIX + h.hexdigest()
 
 
+async def installation_key(engine: AsyncEngine, name: str = INPUT_DIGEST_KEY) -> bytes:
+    """A secret of this installation, made once (32 random bytes) and kept in the store:
+    the input digests' key when the operator is not given one (the chart gives it from a
+    Secret). Concurrent first calls agree: the first insert wins, every caller reads it."""
+    async with engine.begin() as conn:
+        await conn.execute(
+            upsert_insert(conn, installation)
+            .values(name=name, value=secrets.token_bytes(32), created_at=datetime.now(UTC))
+            .on_conflict_do_nothing()
+        )
+        value = (await conn.execute(
+            select(installation.c.value).where(installation.c.name == name))).scalar_one()
+    return bytes(value)
+
+
 async def put_input(
-    engine: AsyncEngine, text: str, files: Mapping[str, bytes] | None = None
+    engine: AsyncEngine, text: str, files: Mapping[str, bytes] | None = None, *, key: bytes
 ) -> str:
-    """Snapshots an input and returns its digest; putting the same input again is a no-op."""
+    """Snapshots an input and returns its digest (keyed by `key`); putting the same input
+    again is a no-op."""
     files = dict(files or {})
-    digest = input_digest(text, files)
+    digest = input_digest(text, files, key=key)
     async with engine.begin() as conn:
         await conn.execute(
             upsert_insert(conn, inputs)

@@ -345,10 +345,11 @@ async def settle_counting(
                 tools = await tools_on(conn, uid, attempt)
                 # A resumed attempt's calls come after those of the attempt it resumed:
                 # the run's toolsExecuted is every call that really ran, across them.
+                # (No attempt row: refused before its pod, nothing resumed.)
                 resumed, elsewhere = (await conn.execute(
                     select(attempts.c.resumes_attempt, attempts.c.resumes_run_uid)
                     .where(*_attempt_key(uid, attempt))
-                )).one()
+                )).one_or_none() or (None, None)
                 # (A replay run resuming its original's fork counts only its own calls.)
                 if resumed is not None and elsewhere is None:
                     before = (await conn.execute(

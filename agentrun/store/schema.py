@@ -243,4 +243,13 @@ session_owners = Table(
     Column("updated_at", UTCDateTime, nullable=False),
 )
 
+# Secrets of this installation the store makes once and keeps (store.installation_key).
+installation = Table(
+    "installation",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", LargeBinary, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+)
+
 OUR_TABLES = frozenset(t.name for t in metadata.sorted_tables)

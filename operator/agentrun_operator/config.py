@@ -58,6 +58,9 @@ class OperatorConfig:
     log_format: str = "text"  # or "json": one object per line (logs.py)
     # ADK session events older than this are purged daily (0: never).
     event_retention: datetime.timedelta = datetime.timedelta(days=90)
+    # The key of the input digests (HMAC), from a file (the chart mounts its Secret); None:
+    # the one the run store made for this installation (store.installation_key).
+    input_digest_key: bytes | None = None
     extra_runner_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -139,6 +142,11 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
                    default=float(_env("AGENTRUN_EVENT_RETENTION_DAYS", "90")),
                    help="ADK session events older than this are purged daily, in batches "
                         "(0: never); sessions keep their shell, the ledger is kept")
+    p.add_argument("--input-digest-key-file",
+                   default=_env("AGENTRUN_INPUT_DIGEST_KEY_FILE", ""),
+                   help="file holding the key of status.inputDigest (HMAC; the chart mounts "
+                        "it from a Secret made at install and kept); default: a key the run "
+                        "store makes once for this installation")
     a = p.parse_args(argv)
     if not a.store_api_listen and not a.store_api_url:
         p.error("runner pods need the store API: give --store-api-listen (serve it here) "
@@ -149,6 +157,15 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
                 "[operator]). Run agentrun-store-api on its own (agentrun[store-api]; the "
                 "chart does) and start the operator with --store-api-listen= "
                 "--store-api-url=<where it serves>, or install agentrun[operator,store-api]")
+    key: bytes | None = None
+    if a.input_digest_key_file:
+        try:
+            key = Path(a.input_digest_key_file).read_bytes().strip()
+        except OSError as e:
+            p.error(f"--input-digest-key-file {a.input_digest_key_file}: {e.strerror}")
+        if len(key) < 16:
+            p.error(f"--input-digest-key-file {a.input_digest_key_file} holds "
+                    f"{len(key)} bytes; the key needs at least 16")
     grace = a.node_lost_grace if a.node_lost_grace >= 0 else float(a.toleration_seconds)
     if not a.database_url:
         p.error("no run store: set --database-url or DATABASE_URL (postgresql+psycopg://... "
@@ -175,4 +192,5 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
         metrics_port=a.metrics_port,
         log_format=a.log_format,
         event_retention=datetime.timedelta(days=a.event_retention_days),
+        input_digest_key=key,
     )

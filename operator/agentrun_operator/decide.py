@@ -65,12 +65,18 @@ def _ended(original: Original) -> str:
     return "being cancelled" if original.phase == Phase.CANCELLED else "failing"
 
 
-def match_never_forcible(run_name: str, original: Original | None) -> Decision | None:
-    """The refusals force cannot override: no run, a live run, a lost input snapshot."""
+def match_never_forcible(run_name: str, original: Original | None,
+                         unauthorized: str | None = None) -> Decision | None:
+    """The refusals force cannot override: no run, a requester who may not use what the
+    replay run would, a live run, a lost input snapshot."""
     if original is None:
         return Decision(ReplayPhase.REFUSED, ReplayReason.RUN_NOT_FOUND,
                         f"AgentRun {run_name} does not exist in this namespace: check "
                         "spec.runName, then create a new AgentRunReplay.")
+    if unauthorized is not None:
+        return Decision(ReplayPhase.REFUSED, ReplayReason.NOT_AUTHORIZED,
+                        f"{unauthorized} Forcing does not change this: a replay runs only "
+                        "what its requester may use.")
     if original.phase not in Phase.TERMINAL:
         return Decision(ReplayPhase.REFUSED, ReplayReason.ORIGINAL_RUNNING,
                         f"AgentRun {run_name} is still {original.phase or Phase.PENDING}: "
@@ -124,14 +130,16 @@ def decide(
     *,
     already_replayed_by: str | None,
     forced: bool,
+    unauthorized: str | None = None,
 ) -> Decision:
     """The decision on a replay of `run_name` (api.md, "Decision rules", first match wins).
 
     `original` None: the run does not exist. `already_replayed_by`: the AgentRunReplay that
     holds this run's one non-forced approval, if another one does. `forced`: the replay
-    carries the force annotation.
+    carries the force annotation. `unauthorized`: the sentence saying what the requester
+    may not use of what the replay run would (authorize.py), if anything.
     """
-    refused = match_never_forcible(run_name, original)
+    refused = match_never_forcible(run_name, original, unauthorized)
     if refused is not None:
         return refused
     assert original is not None
@@ -231,11 +239,13 @@ def decide_resume(
     *,
     already_replayed_by: str | None,
     forced: bool,
+    unauthorized: str | None = None,
 ) -> Decision:
     """The decision on resuming `run_name` from its journal (api.md, "Manual resume", first
     match wins); the automatic resume of spec.retry.resume takes the same decision with
-    `already_replayed_by` None and `forced` False."""
-    refused = match_never_forcible(run_name, original)
+    `already_replayed_by` None and `forced` False (its run's creator was checked when the
+    run was created: `unauthorized` None)."""
+    refused = match_never_forcible(run_name, original, unauthorized)
     if refused is not None:
         return refused
     assert original is not None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import random
 from collections.abc import Callable, Mapping
@@ -35,7 +36,7 @@ from agentrun.vocabulary import (
 )
 from agentrun_operator import events, metrics, retention, startup_checks
 from agentrun_operator.config import OperatorConfig
-from agentrun_operator.informer import Informer, key_of
+from agentrun_operator.informer import Informer, Informers, key_of
 from agentrun_operator.kube import Kube
 from agentrun_operator.leader import LeaderElection
 from agentrun_operator.reconcile import Context, slim_node, slim_pod, slim_run, work
@@ -164,10 +165,19 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
                     if run:
                         ctx.queue.add(("run", pod["metadata"]["namespace"], run))
 
-        # Runner pods only, filtered by the API server; nodes (few) all.
-        ctx.pods = Informer("pods", core.list_pod_for_all_namespaces, slim=slim_pod,
-                            on_change=on_pod, label_selector=LABEL_RUN,
-                            watched=watched).start()
+        # Runner pods only, filtered by the API server; nodes (few) all. Namespaces named
+        # outright are listed one by one (the operator may then hold a Role in each and
+        # nothing cluster-wide); patterns need the cluster-wide list, filtered here.
+        named = named_namespaces(config.namespaces)
+        if named:
+            ctx.pods = Informers([
+                Informer(f"pods-{ns}", functools.partial(core.list_namespaced_pod, ns),
+                         slim=slim_pod, on_change=on_pod, label_selector=LABEL_RUN)
+                for ns in named]).start()
+        else:
+            ctx.pods = Informer("pods", core.list_pod_for_all_namespaces, slim=slim_pod,
+                                on_change=on_pod, label_selector=LABEL_RUN,
+                                watched=watched).start()
         ctx.nodes = Informer("nodes", core.list_node, slim=slim_node,
                              on_change=on_node).start()
         await asyncio.wait_for(asyncio.gather(ctx.pods.synced.wait(), ctx.nodes.synced.wait()),
@@ -285,3 +295,11 @@ def kopf_namespace_filter(patterns: tuple[str, ...]) -> Any:
         return not includes or any(fnmatch.fnmatchcase(namespace, p) for p in includes)
 
     return watched
+
+
+def named_namespaces(patterns: tuple[str, ...]) -> list[str]:
+    """The namespaces to watch when every one is named outright (no glob, no `!`); empty
+    when all are watched or any pattern is used."""
+    if not patterns or any(p.startswith("!") or any(c in p for c in "*?[") for p in patterns):
+        return []
+    return list(patterns)

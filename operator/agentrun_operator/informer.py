@@ -158,3 +158,53 @@ class Informer:
             self._response = None
             response.release_conn()
         return version
+
+
+class AllSynced:
+    """Set once every one of several informers has listed (an asyncio.Event's reading
+    side, for a group)."""
+
+    def __init__(self, events: list[asyncio.Event]) -> None:
+        self._events = events
+
+    def is_set(self) -> bool:
+        return all(e.is_set() for e in self._events)
+
+    async def wait(self) -> bool:
+        await asyncio.gather(*(e.wait() for e in self._events))
+        return True
+
+
+class Informers:
+    """One informer per namespace, read as one. With `operator.namespaces` set the operator
+    holds its rights there only (a Role in each), so it lists and watches each of them,
+    never the whole cluster."""
+
+    def __init__(self, informers: list[Informer]) -> None:
+        self._informers = informers
+        self.synced = AllSynced([i.synced for i in informers])
+
+    @property
+    def objects(self) -> dict[Key, dict[str, Any]]:
+        if len(self._informers) == 1:
+            return self._informers[0].objects
+        merged: dict[Key, dict[str, Any]] = {}
+        for informer in self._informers:
+            merged.update(informer.objects)
+        return merged
+
+    def get(self, key: Key) -> dict[str, Any] | None:
+        for informer in self._informers:
+            found = informer.get(key)
+            if found is not None:
+                return found
+        return None
+
+    def start(self) -> Informers:
+        for informer in self._informers:
+            informer.start()
+        return self
+
+    def stop(self) -> None:
+        for informer in self._informers:
+            informer.stop()

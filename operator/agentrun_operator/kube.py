@@ -64,6 +64,7 @@ class Kube:
         # Untyped: the calls here take plain dicts and mostly return raw responses.
         self.core: Any = client.CoreV1Api(api)
         self.custom: Any = client.CustomObjectsApi(api)
+        self.authorization: Any = client.AuthorizationV1Api(api)
 
     # -- runs and replays ----------------------------------------------------------------
 
@@ -200,12 +201,19 @@ class Kube:
             field_selector=field_selector, _preload_content=False)
         return list(_json(response).get("items") or [])
 
-    async def delete_pod(self, namespace: str, name: str) -> None:
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> bool:
+        """Deletes pod `name` only if it is still the pod `uid` (a precondition the API
+        server checks): a pod of that name someone else created is left alone. Returns
+        whether this call deleted it."""
+        body = {"preconditions": {"uid": uid}}
         try:
-            await asyncio.to_thread(self.core.delete_namespaced_pod, name, namespace)
+            await asyncio.to_thread(self.core.delete_namespaced_pod, name, namespace,
+                                    body=body)
         except ApiException as e:
-            if e.status != 404:
-                raise
+            if e.status in (404, 409):  # 409: the precondition failed (another pod)
+                return False
+            raise
+        return True
 
     async def read_node(self, name: str) -> dict[str, Any] | None:
         return await self._read(self.core.read_node, name)
@@ -216,6 +224,23 @@ class Kube:
                                                       "agentrun"}},
                 "automountServiceAccountToken": False}
         await self._create(self.core.create_namespaced_service_account, namespace, body)
+
+    # -- authorization -----------------------------------------------------------------------
+
+    async def may(self, user: str, groups: Sequence[str], verb: str, resource: str,
+                  namespace: str, name: str = "") -> bool:
+        """Whether the authorizer allows `user` (with `groups`) to `verb` the core
+        `resource` (named `name`, or any) in `namespace`: a SubjectAccessReview."""
+        attributes: dict[str, Any] = {"namespace": namespace, "verb": verb, "group": "",
+                                      "resource": resource}
+        if name:
+            attributes["name"] = name
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                  "spec": {"user": user, "groups": list(groups),
+                           "resourceAttributes": attributes}}
+        response = await asyncio.to_thread(
+            self.authorization.create_subject_access_review, review, _preload_content=False)
+        return bool((_json(response).get("status") or {}).get("allowed"))
 
     # -- inputs ----------------------------------------------------------------------------
 

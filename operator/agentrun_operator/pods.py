@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +27,19 @@ STORE_TOKEN_VOLUME = "store-token"
 def pod_name(run_name: str, attempt: int) -> str:
     """`<run>-<attempt>`: deterministic, so that a retried handler finds its own pod."""
     return f"{run_name}-{attempt}"
+
+
+# `<run uid>-<attempt>`: the automatic session ids (session_id_for).
+_AUTOMATIC_SESSION = re.compile(
+    r"^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})-[0-9]+$")
+
+
+def automatic_session_owner(session_id: str) -> str | None:
+    """The run uid an automatic session id belongs to, or None for any other id. Those
+    ids are reserved for their run: a run that names another run's (even one not started
+    yet, to claim it first) is refused SessionNotOwned."""
+    found = _AUTOMATIC_SESSION.match(session_id)
+    return found.group(1) if found else None
 
 
 def session_id_for(run: Mapping[str, Any], attempt: int) -> str:

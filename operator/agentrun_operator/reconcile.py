@@ -63,9 +63,9 @@ from agentrun_operator.decide import (
     Original,
     decide_resume,
 )
-from agentrun_operator.informer import Informer, Key
+from agentrun_operator.informer import Informer, Informers, Key
 from agentrun_operator.kube import InputForbidden, InputMissing, Kube, api_message
-from agentrun_operator.pods import pod_name, runner_pod, session_id_for
+from agentrun_operator.pods import automatic_session_owner, pod_name, runner_pod, session_id_for
 from agentrun_operator.workqueue import WorkQueue
 
 log = logging.getLogger("agentrun.operator")
@@ -74,12 +74,13 @@ FINALIZER = f"{GROUP}/finalizer"
 _STORE_STATUS = {Phase.SUCCEEDED: RunStatus.SUCCEEDED, Phase.FAILED: RunStatus.FAILED,
                  Phase.CANCELLED: RunStatus.CANCELLED}
 _PHASE_OF = {v: k for k, v in _STORE_STATUS.items()}
-# Ends decided before any runner could act: no container ran (the image), or no pod was
-# ever created (the input, the model, the session, an invalid pod). toolsExecuted is []
-# without counting.
-_NOTHING_RAN = frozenset({Reason.IMAGE_PULL_FAILED, Reason.INPUT_UNAVAILABLE,
-                          Reason.MODEL_NOT_ALLOWED, Reason.SESSION_BUSY,
-                          Reason.SESSION_NOT_OWNED, Reason.POD_INVALID})
+# Ends the operator decides from what it saw itself (no container ran: the image; no pod
+# was created: the input, the model, the session, an invalid pod). The runner's own account
+# never replaces them. toolsExecuted is still counted from the ledger and the session, as
+# for every end: a reason is a label, never evidence that nothing ran.
+_OPERATORS_OWN = frozenset({Reason.IMAGE_PULL_FAILED, Reason.INPUT_UNAVAILABLE,
+                            Reason.MODEL_NOT_ALLOWED, Reason.SESSION_BUSY,
+                            Reason.SESSION_NOT_OWNED, Reason.POD_INVALID})
 # Ends after which the pod may still be running, and must be stopped (after the settle,
 # which fences the ledger first).
 _STOP_POD = frozenset({Reason.IMAGE_PULL_FAILED, Reason.DEADLINE_EXCEEDED, Reason.STALE})
@@ -108,13 +109,21 @@ class Context:
     # AgentRuns and AgentRunReplays as kopf's watch last saw them (slimmed).
     runs: dict[Key, dict[str, Any]] = field(default_factory=dict)
     replays: dict[Key, dict[str, Any]] = field(default_factory=dict)
-    pods: Informer | None = None
+    pods: Informer | Informers | None = None
     nodes: Informer | None = None
     # Pods we created and the pod informer has not shown yet: (namespace, pod) -> when.
     expected: dict[Key, float] = field(default_factory=dict)
     # The last state of runner pods deleted while we were watching.
     gone: dict[Key, dict[str, Any]] = field(default_factory=dict)
     service_accounts: set[Key] = field(default_factory=set)
+    _input_key: bytes | None = None
+
+    async def input_key(self) -> bytes:
+        """The key of input digests: the configured one, else the installation's."""
+        if self._input_key is None:
+            self._input_key = self.config.input_digest_key or await store.installation_key(
+                self.engine)
+        return self._input_key
 
     # -- facts -----------------------------------------------------------------------------
 
@@ -317,7 +326,8 @@ async def _snapshot(ctx: Context, run: Mapping[str, Any]) -> str | None:
         return None
     source = spec.get("input") or {}
     files = await ctx.kube.read_input_files(meta["namespace"], source.get("files") or [])
-    return await store.put_input(ctx.engine, source.get("text") or "", files)
+    return await store.put_input(ctx.engine, source.get("text") or "", files,
+                                 key=await ctx.input_key())
 
 
 def _replay_gone(spec: Mapping[str, Any]) -> str:
@@ -342,9 +352,7 @@ async def _follow(ctx: Context, run: Mapping[str, Any]) -> float | None:
     key = (meta["namespace"], pname)
     pod = await ctx.pod(*key)
     if pod is not None and not owns(run, pod):
-        # A pod of an earlier AgentRun of the same name (deleted and applied again) is
-        # still terminating: wait for it rather than follow it.
-        return 2.0
+        return await _name_taken(ctx, run, pod)
     if pod is None:
         return await _no_pod(ctx, run, attempt, key)
     ctx.expected.pop(key, None)
@@ -457,6 +465,12 @@ async def _start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int,
                                      user_id=last.user_id or "", source=last.session_id,
                                      target=session)
             resumes, resumes_run = last.attempt, approval.run_uid
+    reserved_for = automatic_session_owner(str(spec.get("sessionId") or ""))
+    if reserved_for is not None and reserved_for != meta["uid"]:
+        return await _finish(ctx, run, attempt, Outcome(Phase.FAILED, Reason.SESSION_NOT_OWNED, (
+            f"Session {session} is an automatic session id (<run uid>-<attempt>) of another "
+            "run: those are reserved for their run. Name a session of your own in "
+            "spec.sessionId. No pod was started.")))
     claim = await store.claim_session(
         ctx.engine, namespace=meta["namespace"], session_id=session, agent=spec["agent"],
         user_id=spec.get("userId") or DEFAULT_USER_ID, run_uid=meta["uid"])
@@ -492,8 +506,10 @@ async def _start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int,
         metrics.ATTEMPTS_STARTED.inc()
     if created is None:
         existing = await ctx.kube.read_pod(meta["namespace"], name)
-        if existing is None or not owns(run, existing):
-            return 2.0  # an earlier namesake's pod is still going away
+        if existing is None:
+            return 2.0  # deleted between the create and the read: try again
+        if not owns(run, existing):
+            return await _name_taken(ctx, run, existing, launching)
         created = existing
     await store.record_pod(ctx.engine, meta["uid"], attempt, created["metadata"]["uid"])
     ctx.expected[(meta["namespace"], name)] = time.monotonic()
@@ -507,6 +523,32 @@ async def _start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int,
     _log(run, "pod-created", attempt=attempt, pod=name)
     events.post(run, Reason.POD_CREATED, f"Created runner pod {name} (attempt {attempt}).")
     return EXPECTATION_SECONDS  # the pod's watch event queues the run before that
+
+
+# A pod that holds the attempt's name and is not the run's is looked at this often.
+NAME_TAKEN_RECHECK = 5.0
+
+
+async def _name_taken(ctx: Context, run: Mapping[str, Any], pod: Mapping[str, Any],
+                      launching: Mapping[str, Any] | None = None) -> float:
+    """A pod named like the attempt's runner exists and is not the run's. A pod of an
+    earlier AgentRun of the same name (deleted and applied again) that is still going away
+    is simply waited for. Any other is not ours to delete: the run waits, Pending, and
+    says so."""
+    meta, status = run["metadata"], run.get("status") or {}
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return 2.0
+    name = pod["metadata"]["name"]
+    message = (f"A pod named {name} already exists in namespace {meta['namespace']} and is "
+               "not this run's runner (no ownerReference to this AgentRun); the run waits "
+               "for the name to be free. Delete that pod, or create the run under another "
+               "name. Nothing ran.")
+    if (status.get("reason"), status.get("message")) != (Reason.POD_CREATE_FAILED, message) \
+            or launching:
+        await _write(ctx, run, st.live_status(Phase.PENDING, Reason.POD_CREATE_FAILED,
+                                              message, now(), status, **(launching or {})))
+        events.post(run, Reason.POD_CREATE_FAILED, message, warning=True)
+    return NAME_TAKEN_RECHECK
 
 
 async def _create_refused(ctx: Context, run: Mapping[str, Any], attempt: int, name: str,
@@ -535,14 +577,41 @@ async def _create_refused(ctx: Context, run: Mapping[str, Any], attempt: int, na
 
 
 def _recorded(recorded: store.Outcome | None, fallback: str | None = None) -> Outcome | None:
-    """How the runner itself recorded the attempt's end, if it did."""
+    """How the runner itself recorded the attempt's end, if it did. Only a reason the
+    runner may give (or the store API's own InputUnavailable) is taken as it is; any
+    other is an agent error: the store API refuses them, and an older row is no
+    exception."""
     if recorded is not None and recorded.status == RunStatus.SUCCEEDED:
         return Outcome(Phase.SUCCEEDED, Reason.SUCCEEDED,
                        recorded.message or fallback or "The agent finished.")
     if recorded is not None and recorded.status == RunStatus.FAILED:
-        return Outcome(Phase.FAILED, recorded.reason or Reason.AGENT_ERROR,
-                       recorded.message or fallback or "The runner failed.")
+        reason = recorded.reason if recorded.reason in Reason.RECORDED else Reason.AGENT_ERROR
+        return Outcome(Phase.FAILED, reason, recorded.message or fallback or
+                       "The runner failed.")
     return None
+
+
+async def _stop_pod(ctx: Context, run: Mapping[str, Any], attempt: int,
+                    row: store.Attempt | None = None) -> None:
+    """Deletes the attempt's runner pod, and only the pod this run created: the delete
+    carries the pod's uid as a precondition (the one the store recorded, else the cached
+    pod's if the run owns it). A pod of that name that is not the run's (created by
+    someone who may not delete pods themselves) is never touched."""
+    meta = run["metadata"]
+    name = pod_name(meta["name"], attempt)
+    uid = row.pod_uid if row is not None else None
+    if uid is None:
+        try:
+            found = await store.get_attempt(ctx.engine, meta["uid"], attempt)
+            uid = found.pod_uid if found is not None else None
+        except Exception as e:  # the store may be down: the cache may still know the pod
+            log.warning("event=store-pod-uid-unreadable run=%s error=%r", meta["name"], e)
+            metrics.STORE_ERRORS.labels("pod_uid").inc()
+    if uid is None:
+        cached = await ctx.pod(meta["namespace"], name)
+        uid = cached["metadata"]["uid"] if cached is not None and owns(run, cached) else None
+    if uid is not None:
+        await ctx.kube.delete_pod(meta["namespace"], name, uid)
 
 
 # -- an attempt ends ------------------------------------------------------------------------
@@ -556,13 +625,11 @@ async def _finish(ctx: Context, run: Mapping[str, Any], attempt: int,
     outcome = await _with_runner_account(ctx, meta["uid"], attempt, outcome)
     tools: list[str] | None
     try:
-        if outcome.reason in _NOTHING_RAN:
-            await store.settle(ctx.engine, meta["uid"], attempt, _STORE_STATUS[outcome.phase],
-                               outcome.reason, outcome.message, [])
-        else:
-            await store.settle_counting(ctx.engine, meta["uid"], attempt,
-                                        _STORE_STATUS[outcome.phase], outcome.reason,
-                                        outcome.message)
+        # Always counted, whatever the reason says: a runner that reports "nothing ran"
+        # after a recorded call must not erase it (the ledger and the session decide).
+        await store.settle_counting(ctx.engine, meta["uid"], attempt,
+                                    _STORE_STATUS[outcome.phase], outcome.reason,
+                                    outcome.message)
         row = await store.get_attempt(ctx.engine, meta["uid"], attempt)
     except Exception as e:
         # The store cannot be reached: the run's status is the record, tools unknown,
@@ -581,7 +648,7 @@ async def _finish(ctx: Context, run: Mapping[str, Any], attempt: int,
             recorded = await store.get_run(ctx.engine, meta["uid"])
             tools = recorded.tools_executed if recorded is not None else None
     if outcome.reason in _STOP_POD:
-        await ctx.kube.delete_pod(meta["namespace"], pod_name(meta["name"], attempt))
+        await _stop_pod(ctx, run, attempt, row)
     return await _after_settle(ctx, run, attempt, outcome.phase, outcome.reason,
                                outcome.message, tools)
 
@@ -707,7 +774,7 @@ async def _with_runner_account(ctx: Context, uid: str, attempt: int,
     than an exit code; the cluster's account of a disruption wins over the runner's, unless
     the runner had recorded that the agent finished: what happened to its pod after the
     answer (an eviction while the process exits) changes nothing the run did."""
-    if outcome.reason in _NOTHING_RAN:
+    if outcome.reason in _OPERATORS_OWN:
         return outcome
     try:
         recorded = await store.get_outcome(ctx.engine, uid, attempt)
@@ -778,7 +845,8 @@ async def _collect_pods(ctx: Context, run: Mapping[str, Any]) -> float | None:
         return left
     for pod in pods:
         if owns(run, pod):
-            await ctx.kube.delete_pod(meta["namespace"], pod["metadata"]["name"])
+            await ctx.kube.delete_pod(meta["namespace"], pod["metadata"]["name"],
+                                      pod["metadata"]["uid"])
     return None
 
 
@@ -808,7 +876,7 @@ async def _cancel(ctx: Context, run: Mapping[str, Any]) -> float | None:
                 metrics.STORE_ERRORS.labels("cancel").inc()
                 tools = None
     else:
-        await ctx.kube.delete_pod(meta["namespace"], pod_name(meta["name"], attempt))
+        await _stop_pod(ctx, run, attempt)
         try:
             settled = await store.settle_counting(
                 ctx.engine, meta["uid"], attempt, RunStatus.CANCELLED, Reason.CANCELLED,

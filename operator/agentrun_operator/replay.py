@@ -30,7 +30,7 @@ from agentrun.vocabulary import (
     ReplayReason,
     RunStatus,
 )
-from agentrun_operator import events, metrics
+from agentrun_operator import authorize, events, metrics
 from agentrun_operator import status as st
 from agentrun_operator.decide import (
     Decision,
@@ -146,17 +146,24 @@ async def reconcile(ctx: Context, replay: Mapping[str, Any]) -> float | None:
         last = int((original.get("status") or {}).get("attempts") or 1)
         journal = await journal_of(ctx.engine, original["metadata"]["uid"], last)
 
+    recorded = await store.get_replay_approval(ctx.engine, meta["uid"])
+    # Asked of the authorizer while undecided: once approved, the approval stands.
+    unauthorized = None if recorded is not None or original is None else \
+        await authorize.missing(ctx.kube, replay, original)
+
     def decide_now(already_replayed_by: str | None) -> Decision:
         """The plain replay's table, or the resume's (spec.resume)."""
         if journal is not None:
             return decide_resume(run_name, facts, journal,
-                                 already_replayed_by=already_replayed_by, forced=forced)
+                                 already_replayed_by=already_replayed_by, forced=forced,
+                                 unauthorized=unauthorized)
         if spec.get("resume"):  # no original to read a journal of
             return decide_resume(run_name, facts, Journal(False),
-                                 already_replayed_by=already_replayed_by, forced=forced)
-        return decide(run_name, facts, already_replayed_by=already_replayed_by, forced=forced)
+                                 already_replayed_by=already_replayed_by, forced=forced,
+                                 unauthorized=unauthorized)
+        return decide(run_name, facts, already_replayed_by=already_replayed_by, forced=forced,
+                      unauthorized=unauthorized)
 
-    recorded = await store.get_replay_approval(ctx.engine, meta["uid"])
     if recorded is not None:
         # This handler ran before and approved: finish that approval, decide nothing anew.
         decision = Decision(ReplayPhase.APPROVED, recorded.reason, recorded.message)

@@ -226,17 +226,24 @@ def _reads_secrets(role: dict[str, Any]) -> bool:
                for r in role.get("rules", []))
 
 
+def _namespaced_resources(plane: ControlPlane) -> set[str]:
+    """Every namespaced resource the API server serves (`kubectl api-resources`), by
+    plural name, our kinds included."""
+    done = plane.kubectl("api-resources", "--namespaced=true", "-o", "name")
+    return {line.split(".")[0] for line in done.stdout.split()}
+
+
 def test_the_operator_reads_secrets_cluster_wide_only_when_it_watches_everything(
         control_plane: ControlPlane) -> None:
     everywhere = objects(control_plane, "postgres.enabled=true")
     assert [k[1] for k, d in everywhere.items() if k[0] == "ClusterRole" and _reads_secrets(d)] == [
-        "agentrun-operator-inputs"]
+        "agentrun-operator-namespaced"]
 
     listed = objects(control_plane, "postgres.enabled=true", "operator.namespaces={team-a,team-b}")
     assert not [k for k, d in listed.items() if k[0] == "ClusterRole" and _reads_secrets(d)]
     for namespace in ("team-a", "team-b"):
-        assert _reads_secrets(listed[("Role", "agentrun-operator-inputs", namespace)])
-        binding = listed[("RoleBinding", "agentrun-operator-inputs", namespace)]
+        assert _reads_secrets(listed[("Role", "agentrun-operator", namespace)])
+        binding = listed[("RoleBinding", "agentrun-operator", namespace)]
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "agentrun-operator", "namespace": NAMESPACE}]
         # The store API reads pods there, and nowhere else.
@@ -244,6 +251,35 @@ def test_the_operator_reads_secrets_cluster_wide_only_when_it_watches_everything
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
     assert ("ClusterRole", "agentrun-store", None) not in listed
     assert "--namespace=team-a" in container(listed, "agentrun-store")["args"]
+
+
+def test_with_namespaces_no_cluster_role_of_the_release_grants_a_namespaced_resource(
+        control_plane: ControlPlane) -> None:
+    """operator.namespaces set: each namespaced right the operator and the store API hold
+    (runs, pods, ServiceAccounts, Secrets, ConfigMaps, Events...) is a Role in those
+    namespaces; the release's ClusterRoles keep only cluster-scoped resources. (The
+    ClusterRoles for people, agentrun-edit and the like, are bound per namespace by whoever
+    grants them, and auth-delegator is Kubernetes' own.)"""
+    namespaced = _namespaced_resources(control_plane)
+    assert {"pods", "secrets", "configmaps", "serviceaccounts", "events",
+            "agentruns"} <= namespaced  # the list is real
+    listed = objects(control_plane, "postgres.enabled=true", "operator.namespaces={team-a,team-b}")
+    bound = {d["roleRef"]["name"] for k, d in listed.items() if k[0] == "ClusterRoleBinding"}
+    for (kind, name, _), role in listed.items():
+        if kind != "ClusterRole" or name not in bound:
+            continue
+        granted = {r.split("/")[0] for rule in role.get("rules", [])
+                   for r in rule.get("resources", [])}
+        assert not granted & namespaced, (name, granted & namespaced)
+    for namespace in ("team-a", "team-b"):
+        rules = listed[("Role", "agentrun-operator", namespace)]["rules"]
+        granted = {r for rule in rules for r in rule["resources"]}
+        assert {"agentruns", "agentrunreplays", "pods", "serviceaccounts", "events",
+                "secrets", "configmaps"} <= granted
+    # Without the list, the same rights are one ClusterRole, bound cluster-wide.
+    everywhere = objects(control_plane, "postgres.enabled=true")
+    rules = everywhere[("ClusterRole", "agentrun-operator-namespaced", None)]["rules"]
+    assert rules == listed[("Role", "agentrun-operator", "team-a")]["rules"]
 
 
 # -- NetworkPolicies -------------------------------------------------------------------------
@@ -403,7 +439,38 @@ def test_the_generated_postgres_password_is_kept_across_upgrades_and_reinstalls(
     assert _postgres_secret(bare_plane) == first
 
     _helm_on(bare_plane, "uninstall", "agentrun", "--wait")
-    bare_plane.kubectl("delete", "secret", "agentrun-postgres", "-n", NAMESPACE)
+    bare_plane.kubectl("delete", "secret", "agentrun-postgres", "agentrun-input-digest-key",
+                       "-n", NAMESPACE)
+
+
+def _input_digest_key(plane: ControlPlane) -> str:
+    return str(json.loads(plane.kubectl(
+        "get", "secret", "agentrun-input-digest-key", "-n", NAMESPACE, "-o", "json").stdout
+    )["data"]["key"])
+
+
+def test_the_input_digest_key_is_made_once_and_kept_across_upgrades_and_reinstalls(
+        bare_plane: ControlPlane) -> None:
+    _helm_on(bare_plane, "install", "agentrun", str(CHART), "--create-namespace",
+             "--set", "postgres.enabled=true")
+    first = _input_digest_key(bare_plane)
+    assert len(base64.b64decode(first)) == 48
+    deployment = json.loads(bare_plane.kubectl(
+        "get", "deployment", "agentrun-operator", "-n", NAMESPACE, "-o", "json").stdout)
+    pod = deployment["spec"]["template"]["spec"]
+    assert {"name": "input-digest-key", "secret": {
+        "secretName": "agentrun-input-digest-key", "defaultMode": 0o400}} in pod["volumes"]
+    assert "--input-digest-key-file=/var/run/secrets/agentrun.dev/input-digest/key" in \
+        pod["containers"][0]["args"]
+    _helm_on(bare_plane, "upgrade", "agentrun", str(CHART), "--set", "postgres.enabled=true")
+    assert _input_digest_key(bare_plane) == first
+    _helm_on(bare_plane, "uninstall", "agentrun", "--wait")
+    assert _input_digest_key(bare_plane) == first
+    _helm_on(bare_plane, "install", "agentrun", str(CHART), "--set", "postgres.enabled=true")
+    assert _input_digest_key(bare_plane) == first
+    _helm_on(bare_plane, "uninstall", "agentrun", "--wait")
+    for secret in ("agentrun-postgres", "agentrun-input-digest-key"):
+        bare_plane.kubectl("delete", "secret", secret, "-n", NAMESPACE, "--ignore-not-found")
 
 
 # -- the operator's rights, as the API server's authorizer sees them ---------------------------
@@ -442,6 +509,8 @@ OPERATOR_RIGHTS: list[tuple[tuple[str, ...], bool]] = [
     (("watch", "agentrunreplays.agentrun.dev", "-A"), True),
     (("get", "secrets", "-n", "tenant"), True),  # input files (operator.namespaces empty)
     (("get", "configmaps", "-n", "tenant"), True),
+    # A replay is decided for its requester (replay.py asks the authorizer about them).
+    (("create", "subjectaccessreviews.authorization.k8s.io"), True),
     # Nothing it does not need.
     (("delete", "agentruns.agentrun.dev", "-n", "tenant"), False),
     (("list", "secrets", "-n", "tenant"), False),
@@ -464,8 +533,8 @@ def installed(bare_plane: ControlPlane) -> Iterator[ControlPlane]:
         yield bare_plane
     finally:
         _helm_on(bare_plane, "uninstall", "agentrun", "--wait")
-        bare_plane.kubectl("delete", "secret", "agentrun-postgres", "-n", NAMESPACE,
-                           "--ignore-not-found")
+        bare_plane.kubectl("delete", "secret", "agentrun-postgres",
+                           "agentrun-input-digest-key", "-n", NAMESPACE, "--ignore-not-found")
 
 
 def test_the_installed_chart_lets_the_operator_do_what_its_code_calls(
@@ -508,3 +577,41 @@ def test_the_notes_warn_when_only_the_operator_image_is_changed(
     assert "WARNING" not in notes(private,
                                   "storeApi.image=registry.example.com/agentrun/store-api:1")
     assert "WARNING" not in notes()
+
+
+def _with_namespaces(rights: list[tuple[tuple[str, ...], bool]], watched: str,
+                     other: str) -> list[tuple[tuple[str, ...], bool]]:
+    """OPERATOR_RIGHTS for an operator limited to namespace `watched`: each namespaced
+    right holds there, and in no other namespace, nor across all of them."""
+    limited: list[tuple[tuple[str, ...], bool]] = []
+    for args, allowed in rights:
+        if "-n" in args and args[args.index("-n") + 1] == "tenant":
+            limited.append((tuple(watched if a == "tenant" else a for a in args), allowed))
+            limited.append((tuple(other if a == "tenant" else a for a in args), False))
+        elif "-A" in args:
+            limited.append((args, False))
+            limited.append(((*[a for a in args if a != "-A"], "-n", watched), allowed))
+        else:
+            limited.append((args, allowed))
+    return limited
+
+
+def test_with_namespaces_the_installed_chart_grants_the_operator_rights_there_only(
+        bare_plane: ControlPlane) -> None:
+    for namespace in ("team-a", "team-b"):
+        bare_plane.kubectl("create", "namespace", namespace, check=False)
+    _helm_on(bare_plane, "install", "agentrun", str(CHART), "--create-namespace",
+             "--set", "postgres.enabled=true", "--set", "operator.namespaces={team-a}")
+    try:
+        deadline = time.monotonic() + 60
+        while not _can_i(bare_plane, "create", "pods", "-n", "team-a"):
+            assert time.monotonic() < deadline, "the operator's Role not in force in 60s"
+            time.sleep(0.5)
+        wrong = [" ".join(args) + (" is refused" if allowed else " is allowed")
+                 for args, allowed in _with_namespaces(OPERATOR_RIGHTS, "team-a", "team-b")
+                 if _can_i(bare_plane, *args) != allowed]
+        assert not wrong, f"{OPERATOR_SA}: " + "; ".join(wrong)
+    finally:
+        _helm_on(bare_plane, "uninstall", "agentrun", "--wait")
+        bare_plane.kubectl("delete", "secret", "agentrun-postgres",
+                           "agentrun-input-digest-key", "-n", NAMESPACE, "--ignore-not-found")

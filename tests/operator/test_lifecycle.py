@@ -25,7 +25,7 @@ def test_happy_path(system: System, namespace: str) -> None:
     assert status["toolsExecuted"] == ["read_message", "send_email", "update_crm"]
     assert status["podName"] == "triage-42-1"
     assert status["attempts"] == 1
-    assert status["inputDigest"].startswith("sha256:")
+    assert status["inputDigest"].startswith("hmac-sha256:")
     assert conditions(run)[Condition.SUCCEEDED]["status"] == "True"
     assert conditions(run)[Condition.TOOLS_EXECUTED]["status"] == "True"
     assert len(system.emails("triage-42")) == 1

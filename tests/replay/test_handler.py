@@ -37,7 +37,10 @@ def settled_original(system: System, namespace: str, name: str, tools: Any) -> N
     no operator watches this namespace, so we write its run row and status as the
     operator would; the decision reads the run row)."""
     text = unique_text()
-    digest = system.store(lambda e: store.put_input(e, text))
+    async def snapshot(e: Any) -> str:
+        return await store.put_input(e, text, key=await store.installation_key(e))
+
+    digest = system.store(snapshot)
     system.apply(in_namespace(agent_run(name, [{"text": "x"}], text=text), namespace))
     uid = system.run(namespace, name)["metadata"]["uid"]
 

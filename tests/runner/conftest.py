@@ -137,7 +137,8 @@ def prepare_run(
     run = Run(url, uid, name, "", agent, user_id, session_id, ns)
 
     async def go(engine: AsyncEngine) -> str:
-        digest = await store.put_input(engine, text, files or {})
+        digest = await store.put_input(engine, text, files or {},
+                                      key=await store.installation_key(engine))
         await store.record_run(engine, uid, ns, run.name, agent, trigger, user_id, digest)
         await store.start_attempt(engine, uid, 1, run.session_for(1), f"{run.name}-1")
         return digest

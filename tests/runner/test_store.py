@@ -27,11 +27,15 @@ EMAIL = {"to": "c@example.com", "body": "hello"}
 def test_inputs_are_content_addressed_and_copied(any_store: str) -> None:
     async def go(e: AsyncEngine) -> None:
         files = {"invoice.pdf": b"%PDF-1.4 \x00\xff", "notes.txt": b"call back"}
-        digest = await store.put_input(e, "refund 42", files)
-        assert digest == await store.put_input(e, "refund 42", dict(reversed(files.items())))
-        assert digest.startswith("sha256:") and len(digest) == 7 + 64
-        assert digest != await store.put_input(e, "refund 42", {"invoice.pdf": b"other"})
-        assert digest != await store.put_input(e, "refund 42")
+        key = await store.installation_key(e)
+        assert key == await store.installation_key(e) and len(key) == 32  # made once
+        digest = await store.put_input(e, "refund 42", files, key=key)
+        assert digest == await store.put_input(e, "refund 42", dict(reversed(files.items())),
+                                               key=key)
+        assert digest.startswith("hmac-sha256:") and len(digest) == 12 + 64
+        assert digest != await store.put_input(e, "refund 42", {"invoice.pdf": b"other"},
+                                               key=key)
+        assert digest != await store.put_input(e, "refund 42", key=key)
         got = await store.get_input(e, digest)
         assert got is not None and got.text == "refund 42" and got.files == files
         assert await store.delete_input(e, digest)

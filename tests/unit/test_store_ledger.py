@@ -5,13 +5,28 @@ from __future__ import annotations
 from agentrun.store.inputs import input_digest
 from agentrun.store.ledger import _Call, function_calls_of, union_in_call_order
 
+KEY = b"k" * 32
+
 
 def test_input_digest_covers_text_and_files_deterministically() -> None:
-    a = input_digest("hi", {"a.txt": b"1", "b.txt": b"2"})
-    assert a == input_digest("hi", {"b.txt": b"2", "a.txt": b"1"})
-    assert a != input_digest("hi", {"a.txt": b"12", "b.txt": b""})  # no ambiguous framing
-    assert a != input_digest("hi")
-    assert input_digest("") != input_digest("", {"": b""})
+    a = input_digest("hi", {"a.txt": b"1", "b.txt": b"2"}, key=KEY)
+    assert a == input_digest("hi", {"b.txt": b"2", "a.txt": b"1"}, key=KEY)
+    assert a != input_digest("hi", {"a.txt": b"12", "b.txt": b""}, key=KEY)  # framing
+    assert a != input_digest("hi", key=KEY)
+    assert input_digest("", key=KEY) != input_digest("", {"": b""}, key=KEY)
+
+
+def test_input_digest_is_keyed_so_a_reader_cannot_confirm_a_guess() -> None:
+    """Whoever reads status.inputDigest and guesses a Secret's bytes cannot check the guess
+    without the installation's key: another key gives another digest, and the digest is
+    no plain sha256 of what the framing would hash."""
+    import hashlib
+
+    guess = input_digest("hunter2", key=KEY)
+    assert guess.startswith("hmac-sha256:")
+    assert guess != input_digest("hunter2", key=b"x" * 32)
+    plain = hashlib.sha256(b"agentrun-input-v2\n" + (7).to_bytes(8, "big") + b"hunter2")
+    assert guess.removeprefix("hmac-sha256:") != plain.hexdigest()
 
 
 def test_union_keeps_call_order_and_repeats_and_counts_each_call_once() -> None:

@@ -54,3 +54,40 @@ keeps them current with the CRDs) instead of refusing to install over them.
 yes
 {{- end -}}
 {{- end }}
+
+{{/*
+The operator's rights inside the namespaces of runs (operator.yaml binds them with a Role
+per namespace of operator.namespaces, or a ClusterRole when it is empty).
+*/}}
+{{- define "agentrun.operatorNamespacedRules" -}}
+# Watched by every replica; create: a replay's new run (and its start-up dry run, which
+# needs the same verb); patch: the finalizer (a JSON patch with a resourceVersion test).
+- apiGroups: [agentrun.dev]
+  resources: [agentruns, agentrunreplays]
+  verbs: [get, list, watch, create, patch, update]
+# The status is written whole (update, with the resourceVersion as precondition); patch
+# for a replay's status when no resourceVersion is at hand.
+- apiGroups: [agentrun.dev]
+  resources: [agentruns/status, agentrunreplays/status]
+  verbs: [get, patch, update]
+# Runner pods: the informer lists and watches them (filtered by the label agentrun.dev/run
+# on the server); create (and its start-up dry run), delete (a stopped attempt, a
+# cancelled run, a settled run's pods past podTTLAfterFinishedSeconds; always with the
+# pod's uid as a precondition, so only the run's own pod).
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, create, delete]
+# The runners' ServiceAccount, created in a run's namespace when it is missing.
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [get, create]
+# Events on runs and replays (source agentrun-operator).
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+# Input files are copied out of Secrets and ConfigMaps when a run starts (who may name
+# which one is decided at admission, run-references-policy.yaml).
+- apiGroups: [""]
+  resources: [configmaps, secrets]
+  verbs: [get]
+{{- end }}
