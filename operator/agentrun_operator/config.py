@@ -9,8 +9,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentrun import logs
 from agentrun.vocabulary import DEFAULT_STALE_SECONDS, DEFAULT_TOLERATION_SECONDS, STORE_AUDIENCE
-from agentrun_operator import logs
 
 REPO = Path(__file__).resolve().parents[2]
 # The embedded default store of the development cluster, in the checkout this runs from;
@@ -151,12 +151,14 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
     if not a.store_api_listen and not a.store_api_url:
         p.error("runner pods need the store API: give --store-api-listen (serve it here) "
                 "or --store-api-url (where agentrun-store-api serves it)")
-    if a.store_api_listen and not _installed("google.adk"):
+    if a.store_api_listen and not (_installed("google.adk")
+                                   and _installed("agentrun_store_api")):
         p.error(f"--store-api-listen={a.store_api_listen} serves the store API in this "
-                "process, which needs ADK, and this installation has none (agentrun"
-                "[operator]). Run agentrun-store-api on its own (agentrun[store-api]; the "
-                "chart does) and start the operator with --store-api-listen= "
-                "--store-api-url=<where it serves>, or install agentrun[operator,store-api]")
+                "process, which needs ADK and the store API's package, and this installation "
+                "lacks them (agentrun[operator]). Run agentrun-store-api on its own "
+                "(agentrun[store-api]; the chart does) and start the operator with "
+                "--store-api-listen= --store-api-url=<where it serves>, or install "
+                "agentrun[operator,store-api]")
     key: bytes | None = None
     if a.input_digest_key_file:
         try:

@@ -120,12 +120,12 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
         if config.store_api_listen:
             # In this process (the development cluster): the only part of the operator
             # that needs ADK, so imported only here (config.parse checked it is installed).
-            from agentrun_operator import store_api
+            from agentrun_store_api import app as store_api
+            from agentrun_store_api.limits import POOL_OVERFLOW, POOL_SIZE
 
             # Its own small pool: runner traffic never waits behind the operator's.
             memo.store_api_engine = store.make_engine(
-                config.database_url, pool_size=store_api.POOL_SIZE,
-                max_overflow=store_api.POOL_OVERFLOW)
+                config.database_url, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW)
             memo.store_api = await store_api.serve(
                 config.store_api_listen, memo.store_api_engine, kube.api,
                 audience=config.store_api_audience)

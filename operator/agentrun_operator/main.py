@@ -8,8 +8,8 @@ import sys
 
 import kopf
 
+from agentrun import logs
 from agentrun_operator import config as configuration
-from agentrun_operator import logs
 from agentrun_operator.handlers import register
 
 

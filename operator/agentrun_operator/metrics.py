@@ -1,5 +1,6 @@
-"""Prometheus metrics of the operator and the store API (served on --metrics-port when it
-is set). docs/operator.md has the table; the chart's dashboard reads only these names."""
+"""Prometheus metrics of the operator (served on --metrics-port when it is set; the store
+API has its own, agentrun_store_api.metrics, which join these when the operator serves it).
+docs/operator.md has the table; the chart's dashboard reads only these names."""
 
 from __future__ import annotations
 
@@ -82,13 +83,7 @@ RECONCILE_DURATION = Histogram(
     ["kind", "result"],
     buckets=_BUCKETS,
 )
-LEDGER_WRITE_DURATION = Histogram(
-    "agentrun_ledger_write_duration_seconds",
-    "Store API handling time of a ledger write (open: POST /v1/ledger, close: POST "
-    "/v1/ledger/{seq}/close), authentication included, by operation and HTTP code.",
-    ["operation", "code"],
-    buckets=_BUCKETS,
-)
+
 
 
 class _Caches(Collector):

@@ -18,7 +18,8 @@ from agentrun.vocabulary import Phase, Reason, ReplayPhase, ReplayReason
 from tests.harness import HAPPY, Operator, System, agent_run, email_then_wait, in_namespace
 from tests.replay.conftest import create_replay, wait_decided
 
-# Every family the operator exports, with its label names.
+# Every family the operator exports, with its label names (the last three are the store
+# API's, agentrun_store_api.metrics, served by the same process here).
 FAMILIES = {
     "agentrun_runs": ("gauge", {"phase"}),
     "agentrun_runs_settled": ("counter", {"phase", "reason"}),
@@ -31,8 +32,9 @@ FAMILIES = {
     "agentrun_tools_unknown": ("counter", set()),
     "agentrun_store_errors": ("counter", {"operation"}),
     "agentrun_reconcile_duration_seconds": ("histogram", {"kind", "result"}),
-    "agentrun_ledger_write_duration_seconds": ("histogram", {"operation", "code"}),
     "agentrun_workqueue_depth": ("gauge", set()),
+    "agentrun_ledger_write_duration_seconds": ("histogram", {"operation", "code"}),
+    "agentrun_store_api_errors": ("counter", {"route"}),
 }
 
 

@@ -9,7 +9,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from agentrun_operator import config, logs, store_api
+from agentrun_operator import config
+from agentrun_store_api import main as store_api
+
+from agentrun import logs
 
 
 @pytest.mark.parametrize(("line", "expected"), [

@@ -31,7 +31,8 @@ from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = {"agentrun": REPO / "agentrun", "agentrun_operator": REPO / "operator" /
-           "agentrun_operator", "agentrun_runner": REPO / "runner-image" / "agentrun_runner"}
+           "agentrun_operator", "agentrun_runner": REPO / "runner-image" / "agentrun_runner",
+           "agentrun_store_api": REPO / "store-api-image" / "agentrun_store_api"}
 
 
 @dataclass(frozen=True)
@@ -58,12 +59,12 @@ PROGRAMS = {
         "operator", ("agentrun_operator.main",),
         # The store API inside the operator process (the development cluster) needs
         # agentrun[store-api]; config.parse says so when it is missing.
-        elsewhere=(Elsewhere("agentrun_operator.handlers", "agentrun_operator.store_api",
+        elsewhere=(Elsewhere("agentrun_operator.handlers", "agentrun_store_api",
                              "store-api"),),
         forbidden=("google-adk", "google-genai", "litellm", "anthropic"),
         dockerfile="Dockerfile"),
     "agentrun-store-api": Program(
-        "store-api", ("agentrun_operator.store_api",),
+        "store-api", ("agentrun_store_api.main",),
         forbidden=("kopf", "litellm", "anthropic"),
         dockerfile="store-api-image/Dockerfile"),
     "agentrun-runner": Program(

@@ -1,0 +1,35 @@
+"""The store API: the run store as runner pods may see it, and nothing more.
+
+Runner pods hold no database credential. Each presents a projected ServiceAccount token
+with the store's own audience (vocabulary.STORE_AUDIENCE); the API verifies it with a
+TokenReview, follows the pod it is bound to (its labels and its controller, an AgentRun)
+to one attempt of one run, and checks in the store that this attempt is the pod's and is
+still live. Everything a request may touch is derived from that attempt; nothing in a
+request names another run, session, namespace or ledger row:
+
+- its input snapshot (read);
+- its own ADK session (create, read, append events; never delete);
+- its ledger (append a call before the tool runs, close its own open calls; never
+  delete or rewrite a row);
+- long-term memory of its (namespace, agent, user);
+- the sample agents' outbox (the "world" of the sample tools), stamped with the run;
+- its outcome.
+
+A token of a settled attempt, of a deleted pod, of another audience, or of a pod that is
+not an agentrun runner is refused with a message that says why. The database pool lives
+here, capped (every runner was once a client of its own; now none is).
+
+The modules, by concern:
+
+- `auth`: from a request's token to the one live attempt it speaks for (TokenReview,
+  the pod, the store), or a refusal;
+- `routes`: what a runner may do, one handler per route, and the table of routes;
+- `limits`: every number that bounds what one runner may ask (pool, caches, bodies);
+- `app`: the aiohttp application, and `serve()`, which the operator also calls to serve
+  the store API in its own process on the development cluster (`--store-api-listen`);
+- `main`: the program `agentrun-store-api` (the chart's own Deployment);
+- `metrics`: what it exports on `--metrics-port`.
+
+Nothing here imports kopf or the operator's package: the store API's image carries only
+this package and the shared `agentrun`.
+"""

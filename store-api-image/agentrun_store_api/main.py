@@ -1,0 +1,76 @@
+"""`agentrun-store-api`: the store API on its own (the chart's Deployment `agentrun-store`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+
+from kubernetes import client
+
+from agentrun import logs, store
+from agentrun.vocabulary import STORE_AUDIENCE
+from agentrun_store_api import metrics
+from agentrun_store_api.app import serve
+from agentrun_store_api.limits import POOL_OVERFLOW, POOL_SIZE
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="agentrun-store-api",
+        description="Serves the run store to runner pods, authenticated by their projected "
+                    "ServiceAccount tokens.")
+    p.add_argument("--listen", default=os.environ.get("AGENTRUN_STORE_API_LISTEN",
+                                                      "0.0.0.0:8080"))
+    p.add_argument("--database-url", default=os.environ.get("DATABASE_URL", ""),
+                   help="SQLAlchemy URL of the run store (env DATABASE_URL)")
+    p.add_argument("--audience", default=os.environ.get("AGENTRUN_STORE_AUDIENCE",
+                                                        STORE_AUDIENCE))
+    p.add_argument("--namespace", action="append", dest="namespaces",
+                   default=[n for n in os.environ.get("AGENTRUN_NAMESPACES", "").split(",")
+                            if n],
+                   help="serve runner pods of this namespace only (repeatable; default all)")
+    p.add_argument("--metrics-port", type=int,
+                   default=int(os.environ.get("AGENTRUN_METRICS_PORT", "0")))
+    p.add_argument("--log-format", choices=logs.FORMATS,
+                   default=os.environ.get("AGENTRUN_LOG_FORMAT", "text"),
+                   help="text (key=value) or json (one object per line)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    logs.configure(args.log_format)
+    if not store.is_durable(args.database_url):
+        print("agentrun-store-api: set --database-url (or DATABASE_URL) to the run store",
+              file=sys.stderr)
+        return 2
+    from kubernetes import config as kube_config
+
+    try:
+        kube_config.load_incluster_config()
+    except kube_config.ConfigException:
+        kube_config.load_kube_config()
+    metrics.serve(args.metrics_port)
+
+    async def run() -> None:
+        engine = store.make_engine(args.database_url, pool_size=POOL_SIZE,
+                                   max_overflow=POOL_OVERFLOW)
+        # The operator migrates; the store API serves only a store at the schema it knows.
+        served = await serve(args.listen, engine, client.ApiClient(), audience=args.audience,
+                             namespaces=tuple(args.namespaces), check_schema=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await served.stop()
+            await engine.dispose()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

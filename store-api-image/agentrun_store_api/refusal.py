@@ -1,0 +1,12 @@
+"""A request the store API will not serve, as the runner is told."""
+
+from __future__ import annotations
+
+
+class Refused(Exception):
+    """A request the store API will not serve: an HTTP status and one sentence."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
