@@ -200,6 +200,8 @@ class RunnerEnv:
     # The store API (URL) and the projected token file the runner presents to it.
     STORE_URL: Final = "AGENTRUN_STORE_URL"
     STORE_TOKEN_FILE: Final = "AGENTRUN_STORE_TOKEN_FILE"
+    # The CA (PEM) the runner verifies the store API's certificate with.
+    STORE_CA: Final = "AGENTRUN_STORE_CA"
     # "true" only when the operator runs with --allow-scripted-model; set last, after the
     # user's env, so that a run cannot turn it on for itself.
     ALLOW_SCRIPTED_MODEL: Final = "AGENTRUN_ALLOW_SCRIPTED_MODEL"

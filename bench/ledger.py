@@ -192,12 +192,19 @@ class Writes:
     liveness: list[float]
 
 
+def store_ca(world: RunnerWorld) -> str:
+    """The CA of the store API's certificate, as runners get it (AGENTRUN_STORE_CA)."""
+    tls = world.plane.store_api_tls
+    assert tls is not None
+    return tls.ca.read_text()
+
+
 async def ledger_writes(engine: AsyncEngine, world: RunnerWorld, api_url: str, n: int,
                         warmup: int) -> Writes:
     direct_run = await new_attempt(engine, None, "direct")
     api_run = await new_attempt(engine, world, "api")
     assert api_run.identity is not None
-    client = StoreClient(api_url, api_run.identity.token_file)
+    client = StoreClient(api_url, api_run.identity.token_file, store_ca(world))
     served = server_timing(client)
     out = Writes([], [], [], [])
     try:
@@ -241,7 +248,7 @@ async def first_calls(engine: AsyncEngine, world: RunnerWorld, api_url: str, wor
     token_file = work / "first-call.token"
     token_file.write_text("-")
     # One client, its connection kept: what is timed is the store API's side.
-    client = StoreClient(api_url, token_file)
+    client = StoreClient(api_url, token_file, store_ca(world))
     out = FirstCalls([], [], [], [], [])
     try:
         warm = await new_attempt(engine, world, "warm")
@@ -337,7 +344,7 @@ async def adk_run(engine: AsyncEngine, world: RunnerWorld, api_url: str, variant
     client: StoreClient | None = None
     if needs_api:
         assert attempt.identity is not None
-        client = StoreClient(api_url, attempt.identity.token_file)
+        client = StoreClient(api_url, attempt.identity.token_file, store_ca(world))
         # As a runner does first: its token verified (and cached) before the agent starts.
         await client.begin()
     else:

@@ -122,7 +122,7 @@ class StoreAPI:
     def __init__(self, plane: ControlPlane, url: str, work: Path) -> None:
         self.plane, self.database_url, self.work = plane, url, work
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"https://127.0.0.1:{self.port}"
         self.child: Child | None = None
         self.starts = 0
 
@@ -132,7 +132,10 @@ class StoreAPI:
         self.child = Child(
             "store-api",
             [str(Path(sys.executable).parent / "agentrun-store-api"), "--listen",
-             f"127.0.0.1:{self.port}", "--database-url", self.database_url],
+             f"127.0.0.1:{self.port}", "--database-url", self.database_url,
+             "--tls-cert-file", str(self.plane.store_api_tls.cert),  # type: ignore[union-attr]
+             "--tls-private-key-file",
+             str(self.plane.store_api_tls.key)],  # type: ignore[union-attr]
             log, env={**os.environ, "KUBECONFIG": str(self.plane.operator_kubeconfig)})
 
         def listening() -> bool:

@@ -52,6 +52,7 @@ class Operator:
             "operator",
             [str(Path(sys.executable).parent / "agentrun-operator"),
              f"--store-api-listen=127.0.0.1:{self.store_api_port}",
+             *self.plane.store_api_tls.operator_flags(),  # type: ignore[union-attr]
              *(["--allow-scripted-model"] if self.scripted else []), *self.args],
             self.log_dir / f"operator-{self.starts}.log", env=env)
         if wait:

@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import re
+import ssl
 import sys
 import time
 import urllib.error
@@ -33,6 +34,9 @@ from agentrun.vocabulary import (
     VERSION,
 )
 
+# What the tests' clients trust: the CA of every store API this module started (its
+# certificate is the control plane's store API pair, ControlPlane.store_api_tls).
+TRUST = ssl.create_default_context()
 # Test pods are never scheduled: they exist only for their identity (a token is bound to
 # a pod object, not to a process).
 UNSCHEDULED = "agentrun-tests-unscheduled"
@@ -43,10 +47,14 @@ class StoreAPIProcess:
     """`agentrun-store-api` on a free loopback port, for one store."""
 
     def __init__(self, plane: ControlPlane, database_url: str, log_path: Path) -> None:
+        tls = plane.store_api_tls
+        assert tls is not None
+        TRUST.load_verify_locations(cafile=str(tls.ca))
         self.child = Child(
             "store-api",
             [str(Path(sys.executable).parent / "agentrun-store-api"), "--listen",
-             "127.0.0.1:0", "--database-url", database_url],
+             "127.0.0.1:0", "--database-url", database_url, "--tls-cert-file", str(tls.cert),
+             "--tls-private-key-file", str(tls.key)],
             log_path, env={**os.environ, "KUBECONFIG": str(plane.operator_kubeconfig)})
         self.url = ""
 
@@ -63,7 +71,8 @@ class StoreAPIProcess:
 
     def healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}/healthz", timeout=2) as r:
+            with urllib.request.urlopen(f"{self.url}/healthz", timeout=2,
+                                        context=TRUST) as r:
                 return bool(r.status == 200)
         except OSError:
             return False
@@ -187,7 +196,7 @@ def call(url: str, method: str, path: str, token: str | None, body: Any = None,
     if data is not None:
         request.add_header("Content-Type", "application/json")
     try:
-        with urllib.request.urlopen(request, timeout=30) as r:
+        with urllib.request.urlopen(request, timeout=30, context=TRUST) as r:
             return r.status, json.loads(r.read() or b"{}")
     except urllib.error.HTTPError as e:
         answer = e.read() or b"{}"

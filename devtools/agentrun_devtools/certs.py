@@ -33,15 +33,15 @@ def _name(common_name: str, organizations: tuple[str, ...] = ()) -> x509.Name:
 class PKI:
     """Writes ca.crt/ca.key on creation; issues leaf certificates on demand."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, name: str = "agentrun-dev-ca") -> None:
         self.dir = directory
         directory.mkdir(parents=True, exist_ok=True)
         self._now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
         self._ca_key = ec.generate_private_key(ec.SECP256R1())
         self._ca_cert = (
             x509.CertificateBuilder()
-            .subject_name(_name("agentrun-dev-ca"))
-            .issuer_name(_name("agentrun-dev-ca"))
+            .subject_name(_name(name))
+            .issuer_name(_name(name))
             .public_key(self._ca_key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(self._now)

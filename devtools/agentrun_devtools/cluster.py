@@ -91,6 +91,7 @@ class _Paths:
         self.operator_pid = state / "operator.pid"
         self.operator_log = state / "operator.log"
         self.realnode = state / "realnode"
+        self.store_api_tls = state / "store-api"
 
 
 def _running(paths: _Paths) -> int | None:
@@ -114,6 +115,14 @@ def serve(paths: _Paths, node_kind: str = "dev") -> None:
                                (plane.operator_kubeconfig, paths.operator_kubeconfig)):
             shutil.copy(source, target)
             target.chmod(0o600)
+        # The store API's pair and CA, where the operator looks for them by default when it
+        # runs from this checkout (`make run`).
+        tls = plane.store_api_tls
+        assert tls is not None
+        paths.store_api_tls.mkdir(parents=True, exist_ok=True)
+        for source, name in ((tls.ca, "ca.crt"), (tls.cert, "tls.crt"), (tls.key, "tls.key")):
+            shutil.copy(source, paths.store_api_tls / name)
+            (paths.store_api_tls / name).chmod(0o600)
         paths.bin.mkdir(parents=True, exist_ok=True)
         for tool in ("kubectl", "helm"):
             link = paths.bin / tool

@@ -18,6 +18,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from agentrun_devtools.certs import PKI
@@ -47,6 +48,21 @@ def binaries() -> Path:
     return built(BUILD_SCRIPT, "AGENTRUN_CONTROLPLANE_BIN")
 
 
+@dataclass(frozen=True)
+class ServingPair:
+    """A serving certificate, its key, and the CA its clients verify it with (PEM files)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    def operator_flags(self) -> list[str]:
+        """An operator's flags for serving the store API with this pair, and for telling
+        its runners the CA."""
+        return [f"--store-api-tls-cert-file={self.cert}",
+                f"--store-api-tls-key-file={self.key}", f"--store-api-ca-file={self.ca}"]
+
+
 class ControlPlane:
     """etcd + kube-apiserver (+ kube-controller-manager, kube-scheduler) on loopback."""
 
@@ -68,6 +84,10 @@ class ControlPlane:
         self.port = 0
         self.startup_seconds = 0.0
         self.pki: PKI | None = None
+        # The store API's own CA and serving certificate, for the store API served by the
+        # operators started against this plane (`make dev-cluster` copies them to
+        # .local/store-api/; tests hand them over as flags).
+        self.store_api_tls: ServingPair | None = None
 
     @property
     def server(self) -> str:
@@ -105,6 +125,10 @@ class ControlPlane:
         kubelet_client = pki.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client",
                                    organizations=("system:masters",))
         sa_public, sa_private = pki.service_account_keys()
+        store_pki = PKI(self.root / "store-api", name="agentrun-store-api-ca")
+        cert, key = store_pki.issue("tls", "agentrun-store", server=True,
+                                    hosts=("127.0.0.1", "localhost", "::1"))
+        self.store_api_tls = ServingPair(store_pki.ca_cert, cert, key)
 
         etcd_port, etcd_peer = free_port(), free_port()
         etcd = self._spawn("etcd", [

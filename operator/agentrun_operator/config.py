@@ -17,6 +17,14 @@ REPO = Path(__file__).resolve().parents[2]
 # installed elsewhere (a wheel, an image) there is no default: the store must be named.
 _CHECKOUT = (REPO / "pyproject.toml").is_file() and (REPO / "operator").is_dir()
 DEV_DATABASE_URL = f"sqlite:///{REPO / '.local' / 'agentrun.db'}" if _CHECKOUT else ""
+# The development cluster's store API certificate (`make dev-cluster` writes it), in the
+# same way: only from a checkout.
+DEV_STORE_API_TLS = REPO / ".local" / "store-api"
+
+
+def _dev_tls(name: str) -> str:
+    path = DEV_STORE_API_TLS / name
+    return str(path) if _CHECKOUT and path.is_file() else ""
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,11 @@ class OperatorConfig:
     store_api_listen: str = "127.0.0.1:8089"
     store_api_url: str = ""
     store_api_audience: str = STORE_AUDIENCE
+    # The store API speaks TLS only: the serving pair when it is served here, and the CA
+    # (PEM text) runner pods verify it with (AGENTRUN_STORE_CA; "" = the image's roots).
+    store_api_tls_cert_file: str = ""
+    store_api_tls_key_file: str = ""
+    store_api_ca: str = ""
     # The scripted model lets whoever creates a run choose every tool call: off unless
     # asked for (development clusters, tests, the demo).
     allow_scripted_model: bool = False
@@ -94,6 +107,18 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
     p.add_argument("--store-api-audience", default=_env("AGENTRUN_STORE_AUDIENCE",
                                                         STORE_AUDIENCE),
                    help="the audience of the runner pods' projected store tokens")
+    p.add_argument("--store-api-tls-cert-file",
+                   default=_env("AGENTRUN_STORE_API_TLS_CERT_FILE", _dev_tls("tls.crt")),
+                   help="the serving certificate of the store API served in this process "
+                        "(default on the development cluster: .local/store-api/tls.crt)")
+    p.add_argument("--store-api-tls-key-file",
+                   default=_env("AGENTRUN_STORE_API_TLS_KEY_FILE", _dev_tls("tls.key")),
+                   help="its private key (default: .local/store-api/tls.key)")
+    p.add_argument("--store-api-ca-file",
+                   default=_env("AGENTRUN_STORE_API_CA_FILE", _dev_tls("ca.crt")),
+                   help="the CA that issued the store API's certificate, given to runner "
+                        "pods to verify it (default: .local/store-api/ca.crt; empty: the "
+                        "runner image's trusted roots)")
     p.add_argument("--allow-scripted-model", action="store_true",
                    default=_env("AGENTRUN_ALLOW_SCRIPTED_MODEL", "") == "true",
                    help="honour spec.model: scripted (whoever creates a run then chooses "
@@ -159,6 +184,19 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
                 "(agentrun[store-api]; the chart does) and start the operator with "
                 "--store-api-listen= --store-api-url=<where it serves>, or install "
                 "agentrun[operator,store-api]")
+    if a.store_api_listen and not (a.store_api_tls_cert_file and a.store_api_tls_key_file):
+        p.error(f"--store-api-listen={a.store_api_listen} serves the store API in this "
+                "process, over TLS only: give --store-api-tls-cert-file and "
+                "--store-api-tls-key-file (make dev-cluster writes them to "
+                ".local/store-api/)")
+    ca = ""
+    if a.store_api_ca_file:
+        try:
+            ca = Path(a.store_api_ca_file).read_text()
+        except OSError as e:
+            p.error(f"--store-api-ca-file {a.store_api_ca_file}: {e.strerror}")
+        if "-----BEGIN CERTIFICATE-----" not in ca:
+            p.error(f"--store-api-ca-file {a.store_api_ca_file} holds no PEM certificate")
     key: bytes | None = None
     if a.input_digest_key_file:
         try:
@@ -177,6 +215,9 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
         store_api_listen=a.store_api_listen,
         store_api_url=a.store_api_url,
         store_api_audience=a.store_api_audience,
+        store_api_tls_cert_file=a.store_api_tls_cert_file,
+        store_api_tls_key_file=a.store_api_tls_key_file,
+        store_api_ca=ca,
         allow_scripted_model=a.allow_scripted_model,
         runner_image=a.runner_image,
         runner_command=tuple(a.runner_command.split()),

@@ -122,12 +122,15 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
             # that needs ADK, so imported only here (config.parse checked it is installed).
             from agentrun_store_api import app as store_api
             from agentrun_store_api.limits import POOL_OVERFLOW, POOL_SIZE
+            from agentrun_store_api.tls import ServingCertificate
 
             # Its own small pool: runner traffic never waits behind the operator's.
             memo.store_api_engine = store.make_engine(
                 config.database_url, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW)
             memo.store_api = await store_api.serve(
                 config.store_api_listen, memo.store_api_engine, kube.api,
+                tls=ServingCertificate(config.store_api_tls_cert_file,
+                                       config.store_api_tls_key_file),
                 audience=config.store_api_audience)
             if not config.store_api_url:
                 running = dataclasses.replace(config, store_api_url=memo.store_api.url)

@@ -78,6 +78,7 @@ def runner_pod(
         # No database credential: the store API, and the token that says who we are.
         RunnerEnv.STORE_URL: config.store_api_url,
         RunnerEnv.STORE_TOKEN_FILE: f"{STORE_TOKEN_DIR}/{STORE_TOKEN_FILE}",
+        RunnerEnv.STORE_CA: config.store_api_ca,
         RunnerEnv.ALLOW_SCRIPTED_MODEL: "true" if config.allow_scripted_model else "false",
         RunnerEnv.TOOLS: json.dumps(spec.get("tools") or [], separators=(",", ":")),
     }

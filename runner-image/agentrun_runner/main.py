@@ -76,6 +76,7 @@ class RunnerConfig:
     agents_dir: Path
     store_url: str | None
     token_file: str | None
+    store_ca: str | None = None  # the CA (PEM) of the store API's certificate
     allow_scripted_model: bool = False
     # spec.tools: tool name -> effect class, overriding the agent's declarations.
     tool_effects: dict[str, str] = field(default_factory=dict)
@@ -154,6 +155,7 @@ def parse_config(argv: Sequence[str] | None, environ: dict[str, str]) -> RunnerC
         agents_dir=Path(agents_dir) if agents_dir else default_agents_dir(),
         store_url=get(args.store_url, RunnerEnv.STORE_URL),
         token_file=get(args.store_token_file, RunnerEnv.STORE_TOKEN_FILE),
+        store_ca=environ.get(RunnerEnv.STORE_CA) or None,
         # Only from the environment the operator sets (last, after the user's env).
         allow_scripted_model=environ.get(RunnerEnv.ALLOW_SCRIPTED_MODEL) == "true",
         tool_effects=_tool_effects(environ.get(RunnerEnv.TOOLS) or ""),
@@ -232,7 +234,12 @@ async def _report(client: StoreClient, failure: Failure | None) -> None:
 async def run_attempt(config: RunnerConfig) -> int:
     """Runs the attempt end to end; returns the exit code."""
     assert config.store_url and config.token_file
-    client = StoreClient(config.store_url, config.token_file)
+    try:
+        client = StoreClient(config.store_url, config.token_file, config.store_ca)
+    except StoreUnreachable as e:
+        return _refuse(RunnerExit.STORE_UNAVAILABLE, "store.unavailable",
+                       f"the run store cannot be used through the store API at "
+                       f"{config.store_url}: {e}")
     set_current(client)
     try:
         return await _run_attempt(config, client)

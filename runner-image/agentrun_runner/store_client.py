@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,8 @@ from google.adk.sessions.base_session_service import (
     ListSessionsResponse,
 )
 from google.adk.sessions.session import Session
+
+from agentrun.vocabulary import RunnerEnv
 
 # A store API that restarts is back within seconds; a request that never left (connection
 # refused) is sent again, for about 8 s in all (then the run fails saying so: a store API
@@ -74,13 +77,31 @@ class Snapshot:
     files: dict[str, bytes] = field(default_factory=dict)
 
 
-class StoreClient:
-    """HTTP calls to the store API, one method per route."""
+def verifying(ca: str | None) -> ssl.SSLContext:
+    """How the store API's certificate is checked: against `ca` (PEM, from the operator)
+    when given, else the image's trusted roots; its name always."""
+    if ca:
+        try:
+            return ssl.create_default_context(cadata=ca)
+        except (ssl.SSLError, ValueError) as e:
+            raise StoreUnreachable(f"the store API's CA ({RunnerEnv.STORE_CA}) is not a PEM "
+                                   f"certificate: {e}") from e
+    return ssl.create_default_context()
 
-    def __init__(self, url: str, token_file: Path | str) -> None:
+
+class StoreClient:
+    """HTTPS calls to the store API, one method per route."""
+
+    def __init__(self, url: str, token_file: Path | str, ca: str | None = None) -> None:
         self.url = url.rstrip("/")
+        if not self.url.startswith("https://"):
+            # The token and the session would travel in the clear.
+            raise StoreUnreachable(f"the store API must be reached over https, not {self.url}")
         self.token_file = Path(token_file)
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=TIMEOUT_SECONDS)
+        # trust_env off: the run's environment chooses neither a proxy for the store API nor
+        # the certificates it is checked against.
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=TIMEOUT_SECONDS,
+                                       verify=verifying(ca), trust_env=False)
 
     async def close(self) -> None:
         await self._http.aclose()

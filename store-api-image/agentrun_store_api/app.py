@@ -22,6 +22,7 @@ from agentrun_store_api.auth import Authority, Caller
 from agentrun_store_api.limits import MAX_BODY
 from agentrun_store_api.refusal import Refused
 from agentrun_store_api.routes import ROUTES, Route, Routes
+from agentrun_store_api.tls import ServingCertificate
 
 log = logging.getLogger("agentrun.store_api")
 
@@ -121,10 +122,12 @@ class Served:
     runner: web.AppRunner
     url: str
     waiting: asyncio.Task[None] | None = None
+    following: asyncio.Task[None] | None = None
 
     async def stop(self) -> None:
-        if self.waiting is not None:
-            self.waiting.cancel()
+        for task in (self.waiting, self.following):
+            if task is not None:
+                task.cancel()
         await self.runner.cleanup()
 
 
@@ -136,10 +139,12 @@ def split_listen(listen: str) -> tuple[str, int]:
 
 
 async def serve(listen: str, engine: AsyncEngine, api: client.ApiClient, *,
-                audience: str = STORE_AUDIENCE, namespaces: tuple[str, ...] = (),
-                check_schema: bool = False) -> Served:
-    """Starts the store API on `listen` (HOST:PORT; port 0 picks a free one). With
-    `check_schema`, it answers 503 until the store is at the schema this code knows."""
+                tls: ServingCertificate, audience: str = STORE_AUDIENCE,
+                namespaces: tuple[str, ...] = (), check_schema: bool = False) -> Served:
+    """Starts the store API on `listen` (HOST:PORT; port 0 picks a free one), over TLS
+    with `tls` (there is no plain HTTP: a runner's token and its session travel on it).
+    With `check_schema`, it answers 503 until the store is at the schema this code
+    knows."""
     host, port = split_listen(listen)
     readiness = Readiness()
     waiting = None
@@ -149,12 +154,12 @@ async def serve(listen: str, engine: AsyncEngine, api: client.ApiClient, *,
     app = application(Authority(api, engine, audience, namespaces), Routes(engine), readiness)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=tls.context)
     await site.start()
     server = site._server
     sockets = getattr(server, "sockets", None) or []
     bound = sockets[0].getsockname()[1] if sockets else port
     shown = f"[{host}]" if ":" in host else host
-    url = f"http://{shown}:{bound}"
+    url = f"https://{shown}:{bound}"
     log.info("event=store-api-listening url=%s audience=%s", url, audience)
-    return Served(runner, url, waiting)
+    return Served(runner, url, waiting, asyncio.create_task(tls.follow()))

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import ssl
 import sys
 
 from kubernetes import client
@@ -15,6 +16,7 @@ from agentrun.vocabulary import STORE_AUDIENCE
 from agentrun_store_api import metrics
 from agentrun_store_api.app import serve
 from agentrun_store_api.limits import POOL_OVERFLOW, POOL_SIZE
+from agentrun_store_api.tls import ServingCertificate
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -32,6 +34,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    default=[n for n in os.environ.get("AGENTRUN_NAMESPACES", "").split(",")
                             if n],
                    help="serve runner pods of this namespace only (repeatable; default all)")
+    p.add_argument("--tls-cert-file",
+                   default=os.environ.get("AGENTRUN_STORE_API_TLS_CERT_FILE", ""),
+                   help="the serving certificate (PEM); the store API speaks TLS only")
+    p.add_argument("--tls-private-key-file",
+                   default=os.environ.get("AGENTRUN_STORE_API_TLS_KEY_FILE", ""),
+                   help="its private key (PEM)")
     p.add_argument("--metrics-port", type=int,
                    default=int(os.environ.get("AGENTRUN_METRICS_PORT", "0")))
     p.add_argument("--log-format", choices=logs.FORMATS,
@@ -47,6 +55,17 @@ def main(argv: list[str] | None = None) -> int:
         print("agentrun-store-api: set --database-url (or DATABASE_URL) to the run store",
               file=sys.stderr)
         return 2
+    if not args.tls_cert_file or not args.tls_private_key_file:
+        print("agentrun-store-api: set --tls-cert-file and --tls-private-key-file: runners "
+              "send their tokens and sessions to the store API, which speaks TLS only (the "
+              "chart issues the certificate)", file=sys.stderr)
+        return 2
+    try:
+        tls = ServingCertificate(args.tls_cert_file, args.tls_private_key_file)
+    except (OSError, ssl.SSLError) as e:
+        print(f"agentrun-store-api: the serving certificate {args.tls_cert_file} (key "
+              f"{args.tls_private_key_file}) cannot be loaded: {e}", file=sys.stderr)
+        return 2
     from kubernetes import config as kube_config
 
     try:
@@ -59,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         engine = store.make_engine(args.database_url, pool_size=POOL_SIZE,
                                    max_overflow=POOL_OVERFLOW)
         # The operator migrates; the store API serves only a store at the schema it knows.
-        served = await serve(args.listen, engine, client.ApiClient(), audience=args.audience,
-                             namespaces=tuple(args.namespaces), check_schema=True)
+        served = await serve(args.listen, engine, client.ApiClient(), tls=tls,
+                             audience=args.audience, namespaces=tuple(args.namespaces),
+                             check_schema=True)
         try:
             await asyncio.Event().wait()
         finally:

@@ -21,7 +21,7 @@ from agentrun_devtools.controlplane import REPO, ControlPlane
 
 CHART = REPO / "charts" / "agentrun"
 NAMESPACE = "agentrun-system"
-STORE_URL = f"http://agentrun-store.{NAMESPACE}.svc:8080"
+STORE_URL = f"https://agentrun-store.{NAMESPACE}.svc:8080"
 Objects = dict[tuple[str, str, str | None], dict[str, Any]]
 
 
@@ -91,6 +91,43 @@ def test_chart_refuses_another_namespace_and_a_missing_store(control_plane: Cont
 
 
 # -- the store API and the operator ----------------------------------------------------------
+
+
+def test_the_store_api_speaks_tls_with_a_certificate_of_the_release(
+        control_plane: ControlPlane) -> None:
+    """The chart's own CA by default: the certificate proves the Service's names and
+    chains to ca.crt, which the operator (not the store API's key) is given for runners."""
+    from cryptography import x509
+
+    found = objects(control_plane, "postgres.enabled=true")
+    secret = found[("Secret", "agentrun-store-tls", NAMESPACE)]
+    assert secret["type"] == "kubernetes.io/tls"
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    cert.verify_directly_issued_by(ca)
+    names = cert.extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert f"agentrun-store.{NAMESPACE}.svc" in names
+    store = container(found, "agentrun-store")
+    assert "--tls-cert-file=/var/run/secrets/agentrun.dev/store-tls/tls.crt" in store["args"]
+    assert store["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert store["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    operator = container(found, "agentrun-operator")
+    assert "--store-api-ca-file=/var/run/secrets/agentrun.dev/store-ca/ca.crt" in \
+        operator["args"]
+    volumes = found[("Deployment", "agentrun-operator", NAMESPACE)]["spec"]["template"][
+        "spec"]["volumes"]
+    store_ca = next(v for v in volumes if v["name"] == "store-ca")
+    assert store_ca["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    # cert-manager issues it instead: no Secret of the chart, the same Secret name.
+    managed = objects(control_plane, "postgres.enabled=true",
+                      "storeApi.certManager.enabled=true")
+    assert ("Secret", "agentrun-store-tls", NAMESPACE) not in managed
+    certificate = managed[("Certificate", "agentrun-store-tls", NAMESPACE)]["spec"]
+    assert certificate["secretName"] == "agentrun-store-tls"
+    assert f"agentrun-store.{NAMESPACE}.svc" in certificate["dnsNames"]
+    assert certificate["issuerRef"] == {"name": "agentrun-store-ca", "kind": "Issuer"}
+    assert managed[("Certificate", "agentrun-store-ca", NAMESPACE)]["spec"]["isCA"] is True
 
 
 def test_the_store_api_is_its_own_deployment_service_and_rights(
@@ -449,7 +486,7 @@ def _input_digest_key(plane: ControlPlane) -> str:
     )["data"]["key"])
 
 
-def test_the_input_digest_key_is_made_once_and_kept_across_upgrades_and_reinstalls(
+def test_the_input_digest_key_and_store_certificate_are_kept_across_upgrades(
         bare_plane: ControlPlane) -> None:
     _helm_on(bare_plane, "install", "agentrun", str(CHART), "--create-namespace",
              "--set", "postgres.enabled=true")
@@ -462,8 +499,14 @@ def test_the_input_digest_key_is_made_once_and_kept_across_upgrades_and_reinstal
         "secretName": "agentrun-input-digest-key", "defaultMode": 0o400}} in pod["volumes"]
     assert "--input-digest-key-file=/var/run/secrets/agentrun.dev/input-digest/key" in \
         pod["containers"][0]["args"]
+    serving = json.loads(bare_plane.kubectl(
+        "get", "secret", "agentrun-store-tls", "-n", NAMESPACE, "-o", "json").stdout)["data"]
     _helm_on(bare_plane, "upgrade", "agentrun", str(CHART), "--set", "postgres.enabled=true")
     assert _input_digest_key(bare_plane) == first
+    # So is the store API's certificate (runners of running pods hold its CA).
+    assert json.loads(bare_plane.kubectl(
+        "get", "secret", "agentrun-store-tls", "-n", NAMESPACE, "-o", "json").stdout
+    )["data"] == serving
     _helm_on(bare_plane, "uninstall", "agentrun", "--wait")
     assert _input_digest_key(bare_plane) == first
     _helm_on(bare_plane, "install", "agentrun", str(CHART), "--set", "postgres.enabled=true")

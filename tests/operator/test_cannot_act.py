@@ -83,7 +83,7 @@ def cut_off(crds: ControlPlane, dev_node: object, store_url: str, solo_namespace
             tmp_path: Path) -> Iterator[System]:
     """An operator that tells runner pods a store API address where nothing listens."""
     operator = Operator(crds, store_url, tmp_path / "op", (
-        f"--namespace={solo_namespace}", "--store-api-url=http://127.0.0.1:9")).start()
+        f"--namespace={solo_namespace}", "--store-api-url=https://127.0.0.1:9")).start()
     try:
         yield System(crds, store_url, operator)
     finally:

@@ -159,6 +159,7 @@ def runner_env(run: Run, script: list[dict[str, Any]] | None, attempt: int = 1,
         # for a store that is not ready is used as it is).
         RunnerEnv.STORE_URL: (world().apis.get(run.url) or world().store_api(run.url)).url,
         RunnerEnv.STORE_TOKEN_FILE: str(run.identity(attempt).token_file),
+        RunnerEnv.STORE_CA: world().plane.store_api_tls.ca.read_text(),  # type: ignore[union-attr]
         RunnerEnv.ALLOW_SCRIPTED_MODEL: "true",
         RunnerEnv.NAMESPACE: run.namespace,
         RunnerEnv.RUN_NAME: run.name,

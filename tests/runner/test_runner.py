@@ -22,7 +22,7 @@ from agentrun.vocabulary import (
     RunnerExit,
 )
 from tests.runner.conftest import Run, launch, prepare_run, query, run_runner, runner_env
-from tests.store_api import RunnerWorld
+from tests.store_api import TRUST, RunnerWorld
 
 pytestmark = pytest.mark.postgres
 
@@ -293,7 +293,7 @@ def test_refuses_a_store_that_was_never_migrated(
     # Not ready, yet alive: a liveness probe must not restart a store API waiting for
     # its schema.
     assert not api.healthy()
-    with urllib.request.urlopen(f"{api.url}/livez", timeout=5) as answer:
+    with urllib.request.urlopen(f"{api.url}/livez", timeout=5, context=TRUST) as answer:
         assert answer.status == 200
 
 

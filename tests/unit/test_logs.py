@@ -70,7 +70,7 @@ def test_an_exception_is_one_field_of_the_same_line() -> None:
 
 
 def test_the_operator_flag_and_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    base = ["--store-api-url=http://store:8080"]
+    base = ["--store-api-listen=", "--store-api-url=https://store:8080"]
     assert config.parse(base).log_format == "text"
     assert config.parse([*base, "--log-format=json"]).log_format == "json"
     monkeypatch.setenv("AGENTRUN_LOG_FORMAT", "json")

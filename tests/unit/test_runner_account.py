@@ -61,7 +61,26 @@ def test_the_operator_names_its_store_or_says_it_needs_one(
 
     monkeypatch.delenv("DATABASE_URL", raising=False)
     # From this checkout: the development cluster's SQLite file in its .local.
-    assert config.parse([]).database_url == f"sqlite:///{config.REPO / '.local' / 'agentrun.db'}"
+    elsewhere = ["--store-api-listen=", "--store-api-url=https://store:8080"]
+    assert config.parse(elsewhere).database_url == \
+        f"sqlite:///{config.REPO / '.local' / 'agentrun.db'}"
     with pytest.raises(SystemExit):
-        config.parse(["--database-url", ""])
+        config.parse([*elsewhere, "--database-url", ""])
     assert "no run store: set --database-url or DATABASE_URL" in capsys.readouterr().err
+
+
+def test_the_store_api_served_here_needs_its_certificate(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from agentrun_operator import config
+
+    bare = ["--store-api-listen=127.0.0.1:8089", "--store-api-tls-cert-file=",
+            "--store-api-tls-key-file=", "--store-api-ca-file="]
+    with pytest.raises(SystemExit):
+        config.parse(bare)
+    assert "over TLS only: give --store-api-tls-cert-file" in capsys.readouterr().err
+    not_pem = tmp_path / "ca.crt"
+    not_pem.write_text("hello")
+    with pytest.raises(SystemExit):
+        config.parse(["--store-api-listen=", "--store-api-url=https://store:8080",
+                      f"--store-api-ca-file={not_pem}"])
+    assert "holds no PEM certificate" in capsys.readouterr().err

@@ -73,3 +73,17 @@ def test_failures_map_to_exit_codes_and_reasons(
     failure = classify_failure(error)
     assert (failure.code, failure.reason) == (code, reason)
     assert says in failure.message
+
+
+def test_the_store_client_speaks_https_only_and_trusts_the_ca_it_is_given(
+        tmp_path: Path) -> None:
+    """A runner's token and session never travel in the clear, and the CA it checks the
+    store API with is the operator's (AGENTRUN_STORE_CA), not the run's environment's."""
+    from agentrun_runner.store_client import StoreClient, StoreUnreachable
+
+    with pytest.raises(StoreUnreachable, match="must be reached over https"):
+        StoreClient("http://127.0.0.1:8089", tmp_path / "token")
+    with pytest.raises(StoreUnreachable, match="AGENTRUN_STORE_CA"):
+        StoreClient("https://127.0.0.1:8089", tmp_path / "token", "not a certificate")
+    client = StoreClient("https://127.0.0.1:8089", tmp_path / "token")
+    assert client._http._trust_env is False

@@ -27,7 +27,7 @@ else the trial Postgres's Secret (postgres.yaml).
 {{- end }}
 
 {{- define "agentrun.storeAPIURL" -}}
-http://agentrun-store.{{ .Release.Namespace }}.svc:8080
+https://agentrun-store.{{ .Release.Namespace }}.svc:8080
 {{- end }}
 
 {{/*
