@@ -226,7 +226,10 @@ func runTests(root string, overrides lua.ResourceHealthOverrides, out io.Writer)
 	return encoder.Encode(report)
 }
 
-func runStdin(in io.Reader, overrides lua.ResourceHealthOverrides, out io.Writer) error {
+// runStdin answers each object as soon as it is read, so that a caller may keep one
+// process and ask it object by object (starting one costs the settings manager's
+// informer sync, most of a second).
+func runStdin(in io.Reader, overrides lua.ResourceHealthOverrides, out *bufio.Writer) error {
 	decoder := json.NewDecoder(bufio.NewReader(in))
 	encoder := json.NewEncoder(out)
 	for {
@@ -253,6 +256,9 @@ func runStdin(in io.Reader, overrides lua.ResourceHealthOverrides, out io.Writer
 			if err := encoder.Encode(a); err != nil {
 				return err
 			}
+		}
+		if err := out.Flush(); err != nil {
+			return err
 		}
 	}
 }
