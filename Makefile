@@ -43,13 +43,19 @@ venv: $(VENV)/.installed ## the Python environment in .venv/
 controlplane: ## build (or find cached) etcd, kube-apiserver, ..., kubectl, helm
 	bash devtools/controlplane/build.sh
 
+# Argo CD's health-check code and cli-utils' kstatus, which the tests run where those peers'
+# behaviour is the contract (docs/development.md).
+.PHONY: peers
+peers: ## build (or find cached) argocd-health and kstatus, small commands over Argo CD's and cli-utils' own code
+	bash devtools/peers/build.sh
+
 .PHONY: lint
 lint: venv ## ruff and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
 .PHONY: test
-test: venv controlplane ## unit + integration tests (real control plane, real Postgres)
+test: venv controlplane peers ## unit + integration tests (real control plane, real Postgres, Argo CD and kstatus as their own code)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 .PHONY: dev-cluster

@@ -1,63 +1,82 @@
-"""Argo CD's health checks of charts/agentrun/argocd, run by a real Lua interpreter the way
-Argo CD runs them: the object, as Argo CD sees it (JSON), is the global `obj`; the script
-returns a table with `status` and `message`."""
+"""Argo CD health checks, run by Argo CD's own code: devtools/peers/argocd-health (built by
+devtools/peers/build.sh, `make peers`) reads the customizations through Argo CD's settings
+manager and judges each object with gitops-engine's GetResourceHealth and util/lua, in
+gopher-lua with the libraries Argo CD opens for an argocd-cm customization: base, table,
+package and `require("os")` with only time and date; no string, math or io, and no global
+`os`, unless argocd-cm sets resource.customizations.useOpenLibs for the kind.
+
+A script that fails there is shown by Argo CD as Unknown with the Lua error as message;
+`health` and `health_tests` report it the same way, never as a Python exception."""
 
 from __future__ import annotations
 
-import datetime
-import shutil
-import subprocess
+import functools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrun_devtools import peers
 from agentrun_devtools.controlplane import REPO
 
 CUSTOMIZATIONS = REPO / "charts" / "agentrun" / "argocd"
-KINDS = ("AgentRun", "AgentRunReplay")
-LUA = shutil.which("lua5.4") or "lua5.4"
-
-# What a health script may use: Argo CD opens the base, table, string and math libraries
-# (no io, no os), so a script that reaches for anything else breaks there, not here.
-_DRIVER = """
-local env = {obj = OBJECT, ipairs = ipairs, pairs = pairs, next = next, type = type,
-             tostring = tostring, tonumber = tonumber, error = error, pcall = pcall,
-             select = select, unpack = table.unpack,
-             string = string, table = table, math = math}
-local chunk = assert(loadfile(SCRIPT, "t", env))
-local health = chunk()
-assert(type(health) == "table", "the script returned no table")
-io.write(tostring(health.status), "\\0", tostring(health.message))
-"""
+# How the chart ships the checks (generated from CUSTOMIZATIONS by `make chart-crds`).
+ARGOCD_CM = CUSTOMIZATIONS / "argocd-cm-patch.yaml"
+# Scripts that reach for what Argo CD does not open, in the same layout (never shipped).
+SANDBOX = Path(__file__).resolve().parent / "argocd_sandbox"
 
 
-def lua_literal(value: Any) -> str:
-    """A Lua expression for a value decoded from JSON or YAML (null is nil, as in Argo CD's
-    conversion: a key holding null is absent)."""
-    if value is None:
-        return "nil"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, datetime.datetime | datetime.date):
-        return lua_literal(value.isoformat().replace("+00:00", "Z"))
-    if isinstance(value, str):
-        return '"' + "".join(
-            chr(b) if 0x20 <= b < 0x7F and chr(b) not in '"\\' else f"\\{b:03d}"
-            for b in value.encode()) + '"'
-    if isinstance(value, list):
-        return "{" + ", ".join(lua_literal(v) for v in value) + "}"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"[{lua_literal(str(k))}] = {lua_literal(v)}"
-                               for k, v in value.items() if v is not None) + "}"
-    raise TypeError(f"no Lua literal for {type(value).__name__}")
+def kinds(root: Path = CUSTOMIZATIONS) -> list[str]:
+    """The "<group>/<Kind>" of every health.lua under `root` (Argo CD's layout)."""
+    return sorted(f"{p.parent.parent.name}/{p.parent.name}" for p in root.glob("*/*/health.lua"))
 
 
-def health(script: Path, obj: dict[str, Any]) -> tuple[str, str]:
-    """(status, message) as the health script at `script` says for `obj`."""
-    chunk = (f"local OBJECT = {lua_literal(obj)}\nlocal SCRIPT = {lua_literal(str(script))}\n"
-             + _DRIVER)
-    done = subprocess.run([LUA, "-"], input=chunk, capture_output=True, text=True, timeout=30)
-    assert done.returncode == 0, f"{script}: {done.stderr}"
-    status, message = done.stdout.split("\0")
-    return status, message
+def _source(scripts: Path) -> list[str]:
+    # A directory is a resource_customizations tree; a file, an argocd-cm ConfigMap.
+    return ["--customizations" if scripts.is_dir() else "--argocd-cm", str(scripts)]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One case of a health_test.yaml as Argo CD judged it."""
+
+    kind: str
+    input_path: str
+    expected: dict[str, str] | None
+    health: dict[str, str] | None
+    error: str
+
+
+@dataclass(frozen=True)
+class Report:
+    """What argocd-health said of a tree of health_test.yaml files."""
+
+    argocd: str  # the argo-cd module version it was built from
+    cases: tuple[Case, ...]
+    errors: tuple[str, ...]  # files it could not read
+
+
+@functools.cache
+def health_tests(root: Path, scripts: Path) -> Report:
+    """Every case of every <group>/<Kind>/health_test.yaml under `root`, judged with the
+    health checks of `scripts` (an argocd-cm file, or a customizations tree)."""
+    (report,) = peers.run("argocd-health", [*_source(scripts), "--tests", str(root)])
+    cases = tuple(Case(c["kind"], c["inputPath"], c["expected"], c["health"], c.get("error", ""))
+                  for c in report["cases"])
+    return Report(report["argocd"], cases, tuple(report["errors"]))
+
+
+@functools.cache
+def _session(scripts: Path) -> peers.Session:
+    # One argocd-health per source of scripts, read once: the scripts are not expected to
+    # change while the tests run.
+    return peers.Session("argocd-health", _source(scripts))
+
+
+def health(obj: dict[str, Any], scripts: Path = ARGOCD_CM) -> tuple[str, str]:
+    """(status, message) as Argo CD shows `obj` (a decoded object) with the health checks
+    of `scripts`, by default the argocd-cm patch the chart ships."""
+    answer = _session(scripts).ask(obj)
+    if answer["health"] is None:
+        raise LookupError(f"no health check in {scripts} for {obj.get('apiVersion')} "
+                          f"{obj.get('kind')}: {answer.get('error', '')}")
+    return answer["health"].get("status", ""), answer["health"].get("message", "")

@@ -50,10 +50,10 @@ def test_every_file_of_crds_is_in_the_chart_under_its_name() -> None:
 
 def test_the_argocd_patch_carries_each_health_check_exactly() -> None:
     data = yaml.safe_load(chart_sources.ARGOCD_PATCH.read_text())["data"]
-    assert data == {
-        f"resource.customizations.health.agentrun.dev_{kind}":
-            (chart_sources.ARGOCD / "agentrun.dev" / kind / "health.lua").read_text()
-        for kind in ("AgentRun", "AgentRunReplay")}
+    scripts = sorted(chart_sources.ARGOCD.glob("agentrun.dev/*/health.lua"))
+    assert {p.parent.name for p in scripts} >= {"AgentRun", "AgentRunReplay"}
+    assert data == {f"resource.customizations.health.agentrun.dev_{p.parent.name}": p.read_text()
+                    for p in scripts}
 
 
 def test_the_argocd_patch_applies_to_an_argocd_cm(control_plane: ControlPlane) -> None:

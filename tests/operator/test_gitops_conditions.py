@@ -1,8 +1,9 @@
 """What GitOps tools read on the objects the running operator writes (api.md "Conditions for
 GitOps tools"; docs/gitops.md): every status version of a run, as a watch delivers it, has
 Ready/Reconciling (and Stalled once failed) in line with its phase and observedGeneration
-equal to the generation; kstatus (tests/kstatus.py) and the chart's Argo CD health checks
-read each version as the table says.
+equal to the generation; kstatus (cli-utils' own, through tests/kstatus.py) and the chart's
+Argo CD health checks (in Argo CD's own code, from the argocd-cm patch the chart ships,
+through tests/chart/argocd.py) read each version as the table says.
 
 These fail, with a message naming the missing condition, for as long as the operator
 writes only Succeeded/ToolsExecuted/Approved: kstatus then reads every version as Current
@@ -31,7 +32,7 @@ from agentrun.vocabulary import (
     ReplayReason,
 )
 from tests import kstatus
-from tests.chart.argocd import CUSTOMIZATIONS, health
+from tests.chart.argocd import health
 from tests.harness import HAPPY, System, agent_run, in_namespace
 from tests.replay.conftest import create_replay, wait_decided
 
@@ -115,8 +116,7 @@ def check_version(obj: dict[str, Any], table: dict[str, tuple[str, str, str | No
         f"{where}: status.observedGeneration {status.get('observedGeneration')!r}, "
         f"generation {obj['metadata']['generation']}")
     assert kstatus.compute(obj).status == verdict, f"{where}: {kstatus.compute(obj)}"
-    script = CUSTOMIZATIONS / GROUP / kind / "health.lua"
-    assert health(script, obj)[0] == argo, f"{where}: Argo CD {health(script, obj)}"
+    assert health(obj)[0] == argo, f"{where}: Argo CD {health(obj)}"
 
 
 def test_a_run_is_in_progress_until_it_succeeds_then_current(

@@ -1,5 +1,6 @@
-"""The kstatus port (tests/kstatus.py) on the cases cli-utils' own rules distinguish, one
-row per rule and per ordering between rules."""
+"""cli-utils' kstatus (through tests/kstatus.py, which runs it) on the cases its rules
+distinguish, one row per rule and per ordering between rules: what tests/kstatus.py's
+docstring says cli-utils does is what it does."""
 
 from __future__ import annotations
 
@@ -98,9 +99,14 @@ def test_malformed_status_is_an_error_as_in_kstatus(obj: dict[str, Any]) -> None
         kstatus.compute(obj)
 
 
-def test_kinds_with_a_rule_of_their_own_are_refused() -> None:
-    with pytest.raises(NotImplementedError):
-        kstatus.compute({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {}})
+def test_kinds_with_a_rule_of_their_own_are_judged_by_it() -> None:
+    # A Deployment without a status has fewer replicas than its spec's default of 1 (the
+    # Deployment rule in core.go), where the generic rules would have said Current.
+    deployment = kstatus.compute({"apiVersion": "apps/v1", "kind": "Deployment",
+                                  "metadata": {"name": "d"}})
+    assert (deployment.status, deployment.message) == (kstatus.IN_PROGRESS, "Replicas: 0/1")
+    assert deployment.conditions == [kstatus.Condition(
+        "Reconciling", "True", "LessReplicas", "Replicas: 0/1")]
     # ...but the generic rules still come first, as in Compute.
     gone = {"apiVersion": "v1", "kind": "Pod", "metadata": {"deletionTimestamp": "t"}}
     assert kstatus.compute(gone).status == kstatus.TERMINATING

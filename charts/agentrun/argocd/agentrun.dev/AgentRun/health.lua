@@ -36,16 +36,22 @@ if generation ~= nil and status.observedGeneration ~= nil
   return health
 end
 
+-- Spelled out, not string.lower(phase): Argo CD runs an argocd-cm customization without
+-- Lua's string library (useOpenLibs is off unless argocd-cm turns it on), and the fallback
+-- message is built even when the status has its own.
+local in_words = {Pending = "pending", Running = "running", Failed = "failed",
+                  Cancelled = "cancelled"}
+
 local phase = status.phase
 if phase == "Succeeded" then
   health.status = "Healthy"
   health.message = said(status, "The run succeeded")
 elseif phase == "Failed" or phase == "Cancelled" then
   health.status = "Degraded"
-  health.message = said(status, "The run " .. string.lower(phase))
+  health.message = said(status, "The run " .. in_words[phase])
 elseif phase == "Pending" or phase == "Running" then
   health.status = "Progressing"
-  health.message = said(status, "The run is " .. string.lower(phase))
+  health.message = said(status, "The run is " .. in_words[phase])
 else
   local stalled = condition(status, "Stalled")
   local ready = condition(status, "Ready")
