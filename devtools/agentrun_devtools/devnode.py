@@ -88,6 +88,7 @@ from agentrun.vocabulary import (
     SIMULATE_NODE_PRESSURE_EVICTION,
     SIMULATE_OOM,
 )
+from agentrun_devtools import runner_launcher
 from agentrun_devtools.processes import child_setup
 
 log = logging.getLogger("devnode")
@@ -999,8 +1000,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    python = Path(sys.executable)
+    try:
+        launcher = runner_launcher.build(python)
+    except runner_launcher.LauncherUnavailable as e:
+        parser.exit(1, f"devnode: {e}\n")
     api = config.new_client_from_config(config_file=args.kubeconfig)
-    node = DevNode(api, args.work_dir, extra_path=str(Path(sys.executable).parent))
+    # The launcher's directory first: the operator's command `agentrun-runner` then starts
+    # the runner isolated, as in the runner image, not pip's console script beside Python.
+    node = DevNode(api, args.work_dir,
+                   extra_path=os.pathsep.join((str(launcher.parent), str(python.parent))))
     signal.signal(signal.SIGTERM, lambda *_: node.stopping.set())
     node.run()
 
