@@ -3,12 +3,14 @@ vector, each leaving a marker file when it runs.
 
 The tests that use it show both sides: the markers appear when Python is started with the
 variables as they are (`BYPASS`: the vectors are live here), and none appears when the
-runner is started as it is everywhere, through its launcher.
+runner is started as it is everywhere, through its launcher (`elf_interpreter` shows that
+it is static: no loader runs before it).
 """
 
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,3 +95,17 @@ def plant(directory: Path, seen_as: Path | None = None) -> Vectors:
     }
     names = ("preload", "browser", "startup", "sitecustomize")
     return Vectors(env, {name: directory / "markers" / name for name in names})
+
+
+def elf_interpreter(program: Path) -> bytes | None:
+    """The ELF program interpreter (the dynamic loader) `program` asks for, if any."""
+    data = program.read_bytes()
+    assert data[:4] == b"\x7fELF" and data[4] == 2, "a 64-bit ELF file"
+    e_phoff, = struct.unpack_from("<Q", data, 0x20)
+    e_phentsize, e_phnum = struct.unpack_from("<HH", data, 0x36)
+    for i in range(e_phnum):
+        p_type, _, p_offset, _, _, p_filesz = struct.unpack_from(
+            "<IIQQQQ", data, e_phoff + i * e_phentsize)
+        if p_type == 3:  # PT_INTERP
+            return data[p_offset:p_offset + p_filesz].rstrip(b"\0")
+    return None

@@ -6,7 +6,6 @@ and starts Python isolated. A stand-in for Python prints what it was given."""
 from __future__ import annotations
 
 import re
-import struct
 import subprocess
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from agentrun_devtools import runner_launcher
 from agentrun_devtools.runner_launcher import LauncherUnavailable
 
 from agentrun.vocabulary import ENV_SCRIPT, LoaderEnv, RunnerEnv
+from tests.loader_vectors import elf_interpreter
 
 # Prints each argument ("A...") and each environment entry ("E..."), NUL-terminated.
 STAND_IN = r"""
@@ -122,25 +122,11 @@ def test_an_empty_environment_gets_only_the_path(launcher: Path, tmp_path: Path)
     assert args[1:] == ["-I", "-B", "-u", "-m", "agentrun_runner"]
 
 
-def _interpreter(program: Path) -> bytes | None:
-    """The ELF program interpreter (the dynamic loader) `program` asks for, if any."""
-    data = program.read_bytes()
-    assert data[:4] == b"\x7fELF" and data[4] == 2, "a 64-bit ELF file"
-    e_phoff, = struct.unpack_from("<Q", data, 0x20)
-    e_phentsize, e_phnum = struct.unpack_from("<HH", data, 0x36)
-    for i in range(e_phnum):
-        p_type, _, p_offset, _, _, p_filesz = struct.unpack_from(
-            "<IIQQQQ", data, e_phoff + i * e_phentsize)
-        if p_type == 3:  # PT_INTERP
-            return data[p_offset:p_offset + p_filesz].rstrip(b"\0")
-    return None
-
-
 def test_the_launcher_is_static_so_no_loader_runs_before_it(launcher: Path,
                                                             tmp_path: Path) -> None:
-    assert _interpreter(launcher) is None
+    assert elf_interpreter(launcher) is None
     # What the check would see in a dynamically linked program.
-    assert _interpreter(compile_c(STAND_IN, tmp_path / "dynamic")) is not None
+    assert elf_interpreter(compile_c(STAND_IN, tmp_path / "dynamic")) is not None
 
 
 def test_a_missing_compiler_is_said_with_what_to_install(tmp_path: Path) -> None:
