@@ -80,7 +80,11 @@ class StoreClient:
     def __init__(self, url: str, token_file: Path | str) -> None:
         self.url = url.rstrip("/")
         self.token_file = Path(token_file)
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=TIMEOUT_SECONDS)
+        # Not through a proxy from the environment: spec.env may set HTTPS_PROXY and the
+        # like for the model's traffic, and a proxy of the run's creator would be handed the
+        # store token with every request.
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=TIMEOUT_SECONDS,
+                                       trust_env=False)
 
     async def close(self) -> None:
         await self._http.aclose()
