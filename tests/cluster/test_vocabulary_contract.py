@@ -92,6 +92,14 @@ def test_env_names_that_load_code_are_refused_as_the_vocabulary_lists_them() -> 
         assert not kept.startswith(tuple(v.LoaderEnv.PREFIXES))
 
 
+def test_security_docs_list_each_refused_and_kept_name_with_its_reason() -> None:
+    docs = (CRDS.parent / "docs" / "security.md").read_text()
+    rows = {**{f"{p}*": r for p, r in v.LoaderEnv.PREFIXES.items()}, **v.LoaderEnv.NAMES,
+            **v.LoaderEnv.KEPT}
+    missing = [name for name, reason in rows.items() if f"| `{name}` | {reason} |" not in docs]
+    assert missing == [], "docs/security.md, What spec.env may not set"
+
+
 def test_force_policy_guards_the_vocabulary_annotation_and_verb() -> None:
     policy = _one("ValidatingAdmissionPolicy", "agentrun-force-replay")
     text = yaml.safe_dump(policy["spec"])
