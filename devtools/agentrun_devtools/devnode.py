@@ -2,7 +2,9 @@
 
 It plays a kubelet for tests and the local demo, never for production. It registers the
 Node `dev-node`, renews its Lease and Ready condition, runs each pod bound to it as local
-processes (the first container's command, args and env; images are ignored), and reports
+processes (the first container's command, args and env; images are ignored; a command
+`agentrun-runner` finds the runner's launcher first on PATH, as in the runner image:
+agentrun_devtools.runner_launcher), and reports
 pod status the way a kubelet does: Running, then Succeeded/Failed with the exit code;
 graceful deletion (SIGTERM, grace period, SIGKILL, then a grace-0 delete); the pod's
 activeDeadlineSeconds. It also simulates a kubelet's bad days on request, through the
