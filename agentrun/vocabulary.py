@@ -265,7 +265,8 @@ class LoaderEnv:
         "TMPDIR": "glibc drops it for setuid programs because of their temporary files; for "
                   "the runner it only moves them, and its /tmp is its own",
         "HOME": "where programs keep their files; the runner image sets it to /tmp",
-        "HTTPS_PROXY": "where model and tool requests go through; it loads no code",
+        "HTTPS_PROXY": "where model and tool requests go through (never the store API "
+                       "requests); it loads no code",
         "NO_PROXY": "which hosts are reached without the proxy",
         "SSL_CERT_FILE": "which certificate authorities TLS trusts; it loads no code",
         "GOOGLE_APPLICATION_CREDENTIALS": "the credentials file of Google models; google-auth "
