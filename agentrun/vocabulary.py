@@ -6,6 +6,7 @@ The names are a contract (see the API reference in docs/api.md) and must not cha
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Final
 
 GROUP: Final = "agentrun.dev"
@@ -207,6 +208,94 @@ class RunnerEnv:
     ALLOW_SCRIPTED_MODEL: Final = "AGENTRUN_ALLOW_SCRIPTED_MODEL"
     # spec.tools (JSON): the effect class of each named tool.
     TOOLS: Final = "AGENTRUN_TOOLS"
+
+
+class LoaderEnv:
+    """What `spec.env` may not set: variables that change how a process loads or runs code.
+
+    Each is read before the runner's first line (by Python, the dynamic loader, the C
+    library) or by a program the runner or an agent may start (a shell, a browser command,
+    another interpreter), and makes it load or run code the run's creator chooses: code
+    that would hold the run's store token and act outside the ledger. The CRD refuses them
+    (crds/agentrun.dev_agentruns.yaml, spec.env[].name) with the reason below, and the
+    runner's launcher (runner-image/launcher/agentrun-runner.c) removes them before Python
+    starts isolated. Those two spell the lists again; tests fail when they drift.
+    """
+
+    # The reason completes "spec.env may not set X: it changes how the runner's processes
+    # load or run code (...)". No quotes: it is pasted into a CEL string literal.
+    PREFIXES: Final = MappingProxyType({
+        "PYTHON": "Python reads it before the first line of the runner: PYTHONPATH, "
+                  "PYTHONHOME, PYTHONSTARTUP, PYTHONUSERBASE and PYTHONWARNINGS can import "
+                  "or run any module",
+        "LD_": "the dynamic loader reads it before the first line of every program: "
+               "LD_PRELOAD, LD_AUDIT and LD_LIBRARY_PATH load shared libraries of its choosing",
+        "DYLD_": "the macOS dynamic loader reads it as Linux reads LD_, to load libraries",
+        "BASH_FUNC_": "bash imports a shell function from it that replaces a command its "
+                      "scripts run",
+        "OPENSSL_": "OpenSSL reads it: OPENSSL_CONF, OPENSSL_ENGINES and OPENSSL_MODULES load "
+                    "engines and providers, which are shared libraries",
+    })
+    NAMES: Final = MappingProxyType({
+        "PATH": "it decides which program a command name starts",
+        "BROWSER": "the webbrowser module of Python runs the command it names, and a warnings "
+                   "filter can import a module that opens a browser",
+        "GOOGLE_EXTERNAL_ACCOUNT_ALLOW_EXECUTABLES": "it lets google-auth run the command a "
+                                                     "credentials file names",
+        # The C library: what glibc itself drops for setuid programs (unsecvars.h), less
+        # TMPDIR (see KEPT), and the loader's LD_ family above.
+        "GLIBC_TUNABLES": "the loader of the C library parses it before the first line of "
+                          "every program, and it has been a way to run code (CVE-2023-4911)",
+        "GCONV_PATH": "the C library loads character set converters, shared libraries, from it",
+        "GETCONF_DIR": "getconf runs the programs it finds there",
+        "LOCPATH": "the C library loads and trusts the locale data it finds there",
+        "NLSPATH": "the C library loads message catalogs, used as format strings, from it",
+        "MALLOC_TRACE": "the allocator of the C library writes a trace to the file it names",
+        "TZDIR": "the C library parses the time zone files it finds there",
+        "HOSTALIASES": "it rewrites the host names the C library looks up, so the runner "
+                       "could send its store token to another host",
+        "LOCALDOMAIN": "it changes the domains the C library searches host names in",
+        "RES_OPTIONS": "it changes how the C library resolves host names",
+        "RESOLV_HOST_CONF": "it names another host configuration for the C library lookups",
+        "NIS_PATH": "it changes where the C library sends its NIS+ lookups",
+        # Shells, which a tool may start.
+        "BASH_ENV": "bash expands it, command substitutions included, and runs the file it "
+                    "names before every script",
+        "ENV": "a POSIX shell expands it and runs the file it names when it starts",
+        "SHELLOPTS": "bash turns on the options it lists, and xtrace runs PS4",
+        "BASHOPTS": "bash turns on the shell options it lists",
+        "PS4": "bash expands it, command substitutions included, before every traced line",
+        # Interpreters an agent image may add (an MCP server started with npx, ...).
+        "NODE_OPTIONS": "Node.js takes options from it, and --require loads any module",
+        "NODE_PATH": "Node.js loads modules from it",
+        "PERL5OPT": "Perl takes options from it, and -M loads any module",
+        "PERL5LIB": "Perl loads modules from it",
+        "PERLLIB": "Perl loads modules from it",
+        "PERL5DB": "Perl runs it as its debugger",
+        "RUBYOPT": "Ruby takes options from it, and -r loads any library",
+        "RUBYLIB": "Ruby loads libraries from it",
+        "JAVA_TOOL_OPTIONS": "the JVM takes options from it, and -javaagent loads any code",
+        "JDK_JAVA_OPTIONS": "the JVM takes options from it, and -javaagent loads any code",
+        "_JAVA_OPTIONS": "the JVM takes options from it, and -javaagent loads any code",
+        "CLASSPATH": "the JVM loads classes from it",
+    })
+    # Decided the other way, and why (docs/security.md lists them; the tests set them).
+    KEPT: Final = MappingProxyType({
+        "TMPDIR": "glibc drops it for setuid programs because of their temporary files; for "
+                  "the runner it only moves them, and its /tmp is its own",
+        "HOME": "where programs keep their files; the runner image sets it to /tmp",
+        "HTTPS_PROXY": "where model and tool requests go through (never the store API "
+                       "requests); it loads no code",
+        "NO_PROXY": "which hosts are reached without the proxy",
+        "SSL_CERT_FILE": "which certificate authorities TLS trusts; it loads no code",
+        "GOOGLE_APPLICATION_CREDENTIALS": "the credentials file of Google models; google-auth "
+                                          "runs a command from it only when "
+                                          "GOOGLE_EXTERNAL_ACCOUNT_ALLOW_EXECUTABLES is set",
+        "OPENAI_API_KEY": "a model key, configuration of the agent",
+        "TZ": "the time zone, read from the system time zone files",
+        "LANG": "the locale, read from the system locale files",
+        ENV_SCRIPT: "the script of the scripted model, which the operator allows or not",
+    })
 
 
 class RunnerExit:

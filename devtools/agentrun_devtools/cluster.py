@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from agentrun_devtools import realnode
+from agentrun_devtools import realnode, runner_launcher
 from agentrun_devtools.controlplane import REPO, ControlPlane, binaries
 from agentrun_devtools.processes import Child, ProcessDied, pids_alive, wait_for
 
@@ -55,7 +55,12 @@ def stop_pid(pid: int, *, timeout: float, what: str, group: bool = False) -> Non
 
 
 def start_dev_node(plane: ControlPlane, work_dir: Path) -> Child:
-    """Starts the development node against `plane` and waits until the node is Ready."""
+    """Starts the development node against `plane` and waits until the node is Ready.
+
+    The node starts each runner through the launcher (agentrun_devtools.runner_launcher),
+    first on its pods' PATH; it is built here first, so that a machine without a C compiler
+    is told so now rather than in the node's log."""
+    runner_launcher.build(Path(sys.executable))
     node = Child(
         "devnode",
         [sys.executable, "-m", "agentrun_devtools.devnode",

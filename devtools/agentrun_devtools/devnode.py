@@ -2,7 +2,9 @@
 
 It plays a kubelet for tests and the local demo, never for production. It registers the
 Node `dev-node`, renews its Lease and Ready condition, runs each pod bound to it as local
-processes (the first container's command, args and env; images are ignored), and reports
+processes (the first container's command, args and env; images are ignored; a command
+`agentrun-runner` finds the runner's launcher first on PATH, as in the runner image:
+agentrun_devtools.runner_launcher), and reports
 pod status the way a kubelet does: Running, then Succeeded/Failed with the exit code;
 graceful deletion (SIGTERM, grace period, SIGKILL, then a grace-0 delete); the pod's
 activeDeadlineSeconds. It also simulates a kubelet's bad days on request, through the
@@ -88,6 +90,7 @@ from agentrun.vocabulary import (
     SIMULATE_NODE_PRESSURE_EVICTION,
     SIMULATE_OOM,
 )
+from agentrun_devtools import runner_launcher
 from agentrun_devtools.processes import child_setup
 
 log = logging.getLogger("devnode")
@@ -999,8 +1002,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    python = Path(sys.executable)
+    try:
+        launcher = runner_launcher.build(python)
+    except runner_launcher.LauncherUnavailable as e:
+        parser.exit(1, f"devnode: {e}\n")
     api = config.new_client_from_config(config_file=args.kubeconfig)
-    node = DevNode(api, args.work_dir, extra_path=str(Path(sys.executable).parent))
+    # The launcher's directory first: the operator's command `agentrun-runner` then starts
+    # the runner isolated, as in the runner image, not pip's console script beside Python.
+    node = DevNode(api, args.work_dir,
+                   extra_path=os.pathsep.join((str(launcher.parent), str(python.parent))))
     signal.signal(signal.SIGTERM, lambda *_: node.stopping.set())
     node.run()
 

@@ -98,8 +98,10 @@ class StoreClient:
             # The token and the session would travel in the clear.
             raise StoreUnreachable(f"the store API must be reached over https, not {self.url}")
         self.token_file = Path(token_file)
-        # trust_env off: the run's environment chooses neither a proxy for the store API nor
-        # the certificates it is checked against.
+        # trust_env off: the run's environment chooses neither a proxy for the store API
+        # (spec.env may set HTTPS_PROXY and the like for the model's traffic, and a proxy
+        # of the run's creator would be handed the store token with every request) nor the
+        # certificates it is checked against.
         self._http = httpx.AsyncClient(base_url=self.url, timeout=TIMEOUT_SECONDS,
                                        verify=verifying(ca), trust_env=False)
 

@@ -62,6 +62,44 @@ def test_env_names_refused_are_exactly_those_the_operator_sets() -> None:
     assert v.ENV_SCRIPT not in reserved
 
 
+def test_env_names_that_load_code_are_refused_as_the_vocabulary_lists_them() -> None:
+    """The CRD spells LoaderEnv three times: the names and the families in the rule, each
+    reason in the message's map, and the families again where the message finds a name's
+    family. All must be the vocabulary's, in its order."""
+    name_rules = _run_spec()["properties"]["env"]["items"]["properties"]["name"][
+        "x-kubernetes-validations"
+    ]
+    (loader,) = [r for r in name_rules if "'LD_'" in r["rule"]]
+    quoted = re.compile(r"'([^']*)'")
+    found = re.fullmatch(r"!\(self in \[(.*)\]\) && !\[(.*)\]\.exists\(p, self\.startsWith\(p\)\)",
+                         loader["rule"])
+    assert found, loader["rule"]
+    assert quoted.findall(found.group(1)) == list(v.LoaderEnv.NAMES)
+    assert quoted.findall(found.group(2)) == list(v.LoaderEnv.PREFIXES)
+
+    message = loader["messageExpression"]
+    reasons = dict(re.findall(r"'([^']+)': '([^']*)'", message))
+    assert reasons == {**{f"{p}*": r for p, r in v.LoaderEnv.PREFIXES.items()},
+                       **v.LoaderEnv.NAMES}
+    assert list(reasons) == [*(f"{p}*" for p in v.LoaderEnv.PREFIXES), *v.LoaderEnv.NAMES]
+    (families,) = re.findall(r"\}\[\(\[(.*?)\]\.filter", message)
+    assert quoted.findall(families) == list(v.LoaderEnv.PREFIXES)
+    # The message takes a name that starts with no family for a name of the list.
+    assert not [n for n in v.LoaderEnv.NAMES if n.startswith(tuple(v.LoaderEnv.PREFIXES))]
+    # Decided the other way: refused by neither.
+    for kept in v.LoaderEnv.KEPT:
+        assert kept not in v.LoaderEnv.NAMES
+        assert not kept.startswith(tuple(v.LoaderEnv.PREFIXES))
+
+
+def test_security_docs_list_each_refused_and_kept_name_with_its_reason() -> None:
+    docs = (CRDS.parent / "docs" / "security.md").read_text()
+    rows = {**{f"{p}*": r for p, r in v.LoaderEnv.PREFIXES.items()}, **v.LoaderEnv.NAMES,
+            **v.LoaderEnv.KEPT}
+    missing = [name for name, reason in rows.items() if f"| `{name}` | {reason} |" not in docs]
+    assert missing == [], "docs/security.md, What spec.env may not set"
+
+
 def test_force_policy_guards_the_vocabulary_annotation_and_verb() -> None:
     policy = _one("ValidatingAdmissionPolicy", "agentrun-force-replay")
     text = yaml.safe_dump(policy["spec"])

@@ -22,6 +22,15 @@ import pytest
 from agentrun_devtools import images
 from agentrun_devtools.processes import free_port
 
+from tests.loader_vectors import (
+    BYPASS,
+    RUNNER_ENV,
+    RUNNER_REFUSAL,
+    RUNNER_REFUSAL_EXIT,
+    elf_interpreter,
+    plant,
+)
+
 NAMES = {
     "operator": "docker.io/agentrun/operator:dev",
     "store-api": "docker.io/agentrun/store-api:dev",
@@ -142,6 +151,40 @@ def test_runner_refuses_to_start_without_a_durable_store(bundles: dict[str, Path
     done = container(bundles, "runner", env=env).run()
     assert done.returncode not in (0, None)
     assert "no durable session store is configured" in done.stderr, done.stderr
+
+
+def test_the_runner_starts_isolated_through_its_static_launcher(
+        bundles: dict[str, Path], tmp_path: Path) -> None:
+    """The image's `agentrun-runner` (its ENTRYPOINT, what the operator's pods run) is the
+    launcher: a static program, which removes the variables that load code before Python
+    starts. The same variables make the image's Python run every planted vector when it is
+    started directly."""
+    launcher = bundles["runner"] / "rootfs" / "opt" / "agentrun" / "bin" / "agentrun-runner"
+    assert elf_interpreter(launcher) is None
+    vectors = plant(tmp_path / "planted", seen_as=Path("/planted"))
+    planted = [images.Mount("/planted", tmp_path / "planted")]
+    env = {**RUNNER_ENV, **vectors.env}
+
+    done = container(bundles, "runner", env=env, mounts=planted).run()
+
+    assert done.returncode == RUNNER_REFUSAL_EXIT, done.stdout + done.stderr
+    assert RUNNER_REFUSAL in done.stderr
+    assert vectors.created() == []
+
+    container(bundles, "runner", args=["python3", *BYPASS], env=env, mounts=planted).run()
+    assert vectors.created() == sorted(vectors.markers)
+
+
+def test_isolated_python_finds_the_runner_and_the_sample_agents(
+        bundles: dict[str, Path]) -> None:
+    # What the launcher runs: -I keeps neither the working directory nor the user's site on
+    # sys.path, and reads no PYTHON* variable; the runner and /agents are found without.
+    probe = ("import os, pathlib, agentrun_runner.agents as a\n"
+             "where = pathlib.Path(os.environ['AGENTRUN_AGENTS_DIR'])\n"
+             "print(*(a.load_agent(where, n).name for n in ('support-agent', 'noop-agent')))")
+    done = container(bundles, "runner", args=["python3", "-I", "-c", probe]).run()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["support_agent", "noop_agent"], done.stdout
 
 
 @pytest.fixture
