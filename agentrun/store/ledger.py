@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import exists, or_, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -24,6 +24,10 @@ from agentrun.vocabulary import LedgerOutcome, RunStatus
 
 class AttemptSettled(RuntimeError):
     """The operator already settled this attempt: no tool may start in it any more."""
+
+    def __init__(self, message: str, status: str) -> None:
+        super().__init__(message)
+        self.status = status  # how it was settled (vocabulary.RunStatus)
 
 
 async def open_call(
@@ -66,7 +70,7 @@ async def open_call(
             await conn.rollback()
             raise AttemptSettled(
                 f"attempt {attempt} of run {uid} was already settled ({status}) by the "
-                f"operator; {tool} was not started"
+                f"operator; {tool} was not started", status
             )
 
 
@@ -75,7 +79,18 @@ async def close_call(engine: AsyncEngine, uid: str, attempt: int, seq: int, outc
     """Marks an open ledger row finished with its outcome (vocabulary.LedgerOutcome).
 
     Only an open row: a finished one is never rewritten. Returns whether a row was closed.
+
+    Fenced as `open_call` is, in the same statement: the row is closed only while the
+    attempt is live, its status read under a share lock, so a concurrent `settle_counting`
+    either counts the call closed or sees this close refused (AttemptSettled). What the
+    operator counted at settle time is what the ledger says afterwards.
     """
+    live = (
+        select(attempts.c.run_uid)
+        .where(attempts.c.run_uid == uid, attempts.c.attempt == attempt,
+               attempts.c.status.in_(RunStatus.LIVE))
+        .with_for_update(read=True)
+    )
     async with engine.begin() as conn:
         done = await conn.execute(
             update(tool_calls)
@@ -84,10 +99,25 @@ async def close_call(engine: AsyncEngine, uid: str, attempt: int, seq: int, outc
                 tool_calls.c.attempt == attempt,
                 tool_calls.c.seq == seq,
                 tool_calls.c.finished_at.is_(None),
+                exists(live),
             )
             .values(finished_at=datetime.now(UTC), outcome=outcome, result=result)
         )
-    return done.rowcount == 1
+        if done.rowcount == 1:
+            return True
+        # Why not: only on this path, so that a close that lands costs one statement.
+        status = (
+            await conn.execute(
+                select(attempts.c.status)
+                .where(attempts.c.run_uid == uid, attempts.c.attempt == attempt)
+            )
+        ).scalar_one_or_none()
+    if status is not None and status not in RunStatus.LIVE:
+        raise AttemptSettled(
+            f"attempt {attempt} of run {uid} was already settled ({status}) by the "
+            f"operator; call {seq} stays as the operator counted it", status
+        )
+    return False
 
 
 async def ledger(engine: AsyncEngine, uid: str) -> list[LedgerEntry]:

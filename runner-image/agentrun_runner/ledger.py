@@ -3,6 +3,11 @@
 Before each tool runs, its ledger row is inserted AND committed; only then does the tool
 run. If that insert fails the tool does not run and the run fails (fail closed): a tool
 call we cannot record is a call we could later repeat without knowing.
+
+After the tool, its row is closed (ok or error, with the result) on the way: the tool's
+answer goes back to the model without waiting for the close. A close that never lands
+leaves the call "called, never answered", in doubt, which is the cautious reading; the
+runner flushes every close before it reports the outcome (`flush`).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ class WriteAheadLedger(BasePlugin):
         self._journal = dict(journal or {})
         self._seq = itertools.count(1)
         self._open: dict[int, int] = {}  # id(tool_context) -> seq
+        self._closing: set[asyncio.Task[None]] = set()
 
     async def before_run_callback(
         self, *, invocation_context: InvocationContext
@@ -115,16 +121,35 @@ class WriteAheadLedger(BasePlugin):
         if seq is None:
             return
         logs.info("tool.end", tool=tool.name, seq=seq, outcome=outcome)
+        # The result is journalled as JSON (what a resume answers the call with), as it
+        # is now: the tool's result object may change once the model has it.
+        journalled = json.loads(json.dumps(result, default=str))
+        if os.environ.get(ENV_TEST_CRASH_AFTER_CLOSE) == tool.name:
+            # Test hook: finished on the ledger, never in the session (so not on the way).
+            if await self._send_close(tool.name, seq, outcome, journalled):
+                os._exit(137)
+            return
+        task = asyncio.create_task(self._closed(tool.name, seq, outcome, journalled))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _closed(self, tool: str, seq: int, outcome: str, result: Any) -> None:
+        await self._send_close(tool, seq, outcome, result)
+
+    async def _send_close(self, tool: str, seq: int, outcome: str, result: Any) -> bool:
         try:
-            # The result is journalled as JSON (what a resume answers the call with).
-            await self._client.close_call(seq, outcome, json.loads(json.dumps(
-                result, default=str)))
-            if os.environ.get(ENV_TEST_CRASH_AFTER_CLOSE) == tool.name:
-                os._exit(137)  # test hook: finished on the ledger, never in the session
+            await self._client.close_call(seq, outcome, result)
+            return True
         except Exception as e:
             # The call itself is recorded; a missing finish only reads as "never answered".
-            logs.warning("ledger.close_failed", tool=tool.name, seq=seq,
+            logs.warning("ledger.close_failed", tool=tool, seq=seq,
                          error=f"{type(e).__name__}: {e}")
+            return False
+
+    async def flush(self) -> None:
+        """Waits for every close still on its way (each logs its own failure)."""
+        while self._closing:
+            await asyncio.gather(*list(self._closing), return_exceptions=True)
 
     async def after_tool_callback(
         self,
