@@ -42,12 +42,15 @@ _names = itertools.count(1)
 class StoreAPIProcess:
     """`agentrun-store-api` on a free loopback port, for one store."""
 
-    def __init__(self, plane: ControlPlane, database_url: str, log_path: Path) -> None:
+    def __init__(self, plane: ControlPlane, database_url: str, log_path: Path, *,
+                 metrics_port: int = 0) -> None:
         self.child = Child(
             "store-api",
             [str(Path(sys.executable).parent / "agentrun-store-api"), "--listen",
-             "127.0.0.1:0", "--database-url", database_url],
+             "127.0.0.1:0", "--database-url", database_url,
+             f"--metrics-port={metrics_port}"],
             log_path, env={**os.environ, "KUBECONFIG": str(plane.operator_kubeconfig)})
+        self.log_path, self.metrics_port = log_path, metrics_port
         self.url = ""
 
         def listening() -> bool:
@@ -74,6 +77,19 @@ class StoreAPIProcess:
 
     def stop(self) -> None:
         self.child.stop()
+
+    def metric(self, sample: str, **labels: str) -> float:
+        """One sample of its /metrics (0 when it was never written)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == sample and s.labels == labels:
+                    return float(s.value)
+        return 0.0
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import Text, cast, func, select
+from sqlalchemy import Text, cast, func, inspect, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun.store import adk_tables as adk
@@ -45,12 +45,15 @@ async def attempt_usage(engine: AsyncEngine, uid: str, attempt: int) -> AttemptU
         since = where.started_at or where.runner_started_at or datetime.now(UTC)
         # ADK keeps its timestamps naive, in UTC.
         naive = since.astimezone(UTC).replace(tzinfo=None) if since.tzinfo else since
-        events, event_bytes = (await conn.execute(
-            select(func.count(), func.coalesce(func.sum(func.length(
-                cast(adk.events.c.event_data, Text))), 0))
-            .where(*adk.events_of(where.app_name, where.user_id, where.session_id),
-                   adk.events.c.timestamp >= naive)
-        )).one()
+        events, event_bytes = 0, 0
+        # ADK creates its tables when its session service is first used: maybe not yet.
+        if await conn.run_sync(lambda c: inspect(c).has_table(adk.events.name)):
+            events, event_bytes = (await conn.execute(
+                select(func.count(), func.coalesce(func.sum(func.length(
+                    cast(adk.events.c.event_data, Text))), 0))
+                .where(*adk.events_of(where.app_name, where.user_id, where.session_id),
+                       adk.events.c.timestamp >= naive)
+            )).one()
         result_bytes = (await conn.execute(
             select(func.coalesce(func.sum(func.length(cast(tool_calls.c.result, Text))), 0))
             .where(tool_calls.c.run_uid == uid, tool_calls.c.attempt == attempt)

@@ -80,8 +80,8 @@ BODY_BYTES: Final[Mapping[str, int]] = {
     "open_call": 16 * KiB,
     "close_call": RESULT_BYTES + 64 * KiB,
     "add_memory": EVENT_BYTES,
-    # The query JSON-encoded (escapes may double it).
-    "search_memory": 2 * QUERY_BYTES + KiB,
+    # The query JSON-encoded (an escape, \uXXXX, is 6 bytes for a character of 2 or 3).
+    "search_memory": 4 * QUERY_BYTES,
     # A sample tool's arguments (an email's body).
     "record_side_effect": 256 * KiB,
 }

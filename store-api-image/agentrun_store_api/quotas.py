@@ -118,9 +118,16 @@ class Quotas:
         finally:
             attempt.turn.release()
 
-    async def take(self, caller: Caller, more: Usage) -> None:
-        """Counts `more` as written by the attempt, or refuses it (429) with the quota it
-        would exceed. A write that then fails gives it back (`give_back`)."""
+    async def check(self, caller: Caller, more: Usage) -> None:
+        """Refuses (429) what would exceed a quota, counting nothing: before the work of
+        reading and parsing a request that `take` would refuse anyway."""
+        attempt = await self._read(caller)
+        why = over_quota(attempt.used or Usage(), more)
+        if why is not None:
+            raise Refused(429, f"attempt {caller.attempt} of run {caller.run_name}: {why}; "
+                               "this request was not stored")
+
+    async def _read(self, caller: Caller) -> _Attempt:
         attempt = self._of(caller)
         if attempt.used is None:
             async with attempt.reading:
@@ -129,6 +136,12 @@ class Quotas:
                                                      caller.attempt)
                     attempt.used = Usage(**{f.name: getattr(held, f.name)
                                             for f in fields(Usage)})
+        return attempt
+
+    async def take(self, caller: Caller, more: Usage) -> None:
+        """Counts `more` as written by the attempt, or refuses it (429) with the quota it
+        would exceed. A write that then fails gives it back (`give_back`)."""
+        attempt = await self._read(caller)
         assert attempt.used is not None
         why = over_quota(attempt.used, more)
         if why is not None:

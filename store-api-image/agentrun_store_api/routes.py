@@ -355,6 +355,7 @@ class Routes:
 
         session_id = request.match_info["session"]
         self._own_session(caller, session_id)
+        await self.quotas.check(caller, Usage(events=1))
         raw = await read_body(request)
         try:
             event = Event.model_validate_json(raw)

@@ -18,7 +18,7 @@ from agentrun.vocabulary import Phase, Reason, ReplayPhase, ReplayReason
 from tests.harness import HAPPY, Operator, System, agent_run, email_then_wait, in_namespace
 from tests.replay.conftest import create_replay, wait_decided
 
-# Every family the operator exports, with its label names (the last three are the store
+# Every family the operator exports, with its label names (the last four are the store
 # API's, agentrun_store_api.metrics, served by the same process here).
 FAMILIES = {
     "agentrun_runs": ("gauge", {"phase"}),
@@ -35,6 +35,8 @@ FAMILIES = {
     "agentrun_workqueue_depth": ("gauge", set()),
     "agentrun_ledger_write_duration_seconds": ("histogram", {"operation", "code"}),
     "agentrun_store_api_errors": ("counter", {"route"}),
+    "agentrun_store_api_refusals": ("counter", {"route", "code"}),
+    "agentrun_store_api_token_reviews": ("counter", {"result"}),
 }
 
 
