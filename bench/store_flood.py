@@ -2,7 +2,7 @@
 against the same writes to an idle store API (api.md, Runner integrity: "the other
 tenants' requests keep their latency")?
 
-    .venv/bin/python bench/store_flood.py [--writes 300] [--warmup 30]
+    .venv/bin/python bench/store_flood.py [--writes 300] [--warmup 30] [--pause 0.01]
                                           [--connections 8] [--out PATH]
 
 Starts its own throwaway Postgres (fsync=off, as the test server), a real control plane
@@ -11,12 +11,14 @@ process; runner identities are real (an AgentRun, its attempt's pod, a token bou
 by TokenRequest: tests/store_api.py). Then:
 
 1. idle: tenant B's runner writes `--writes` ledger rows (open_call + close_call through
-   StoreClient, as a runner's ledger does), one after the other, after `--warmup`;
+   StoreClient, as a runner's ledger does), one after the other with `--pause` seconds
+   between them (a runner does something between two tool calls), after `--warmup`;
 2. flood: tenant A's runner (another process, `--connections` connections at once) sends
    what one runner could: 10,000 session events (its quota is 4,000: the rest are
    refused), and among them 16 MiB bodies where a ledger row belongs and 300,000-word
    memory queries (one of each per 100 requests); B writes ledger rows all along, at least
-   `--writes`, and every one it writes while A floods counts.
+   `--writes`, and every one it writes while A floods counts (B moves to a new run of its
+   tenant before one attempt's 2,000 rows are used up).
 
 It prints B's p50/p95/p99 both ways and their ratio (the goal: p99 within 2x), and what
 A's requests got. A figure, not an assertion: tests/runner/test_store_api_limits.py checks
@@ -30,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import itertools
 import json
 import os
 import shutil
@@ -40,7 +43,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -81,13 +84,20 @@ class Report:
 # -- the flooding runner (its own process) --------------------------------------------------
 
 
-def event(i: int) -> bytes:
+def events(n: int) -> list[bytes]:
+    """`n` distinct ADK events, made before the flood: the flooder's own work would
+    otherwise take these two CPUs from the store API it floods."""
     from google.adk.events.event import Event
     from google.genai import types
 
     made = Event(author="user", invocation_id="inv-flood",
-                 content=types.Content(role="user", parts=[types.Part(text=f"event {i}")]))
-    return made.model_dump_json(exclude_none=True).encode()
+                 content=types.Content(role="user", parts=[types.Part(text="event")]))
+    template = json.loads(made.model_dump_json(exclude_none=True))
+    out = []
+    for i in range(n):
+        template["id"], template["content"]["parts"][0]["text"] = f"flood-{i}", f"event {i}"
+        out.append(json.dumps(template).encode())
+    return out
 
 
 def flood(url: str, token_file: Path, session: str, connections: int) -> int:
@@ -97,6 +107,7 @@ def flood(url: str, token_file: Path, session: str, connections: int) -> int:
     auth = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     big = b"x" * (16 * MiB)
     query = json.dumps({"query": " ".join(f"w{i}" for i in range(300_000))}).encode()
+    made = events(EVENTS + EVENTS // 49)
     got: Counter[str] = Counter()
     lock = threading.Lock()
     sent = iter(range(EVENTS + EVENTS // 49))  # 98 events in each 100 requests
@@ -109,7 +120,7 @@ def flood(url: str, token_file: Path, session: str, connections: int) -> int:
             elif i % 100 == 50:
                 what, path, body = "300,000-word query", "/v1/memory/search", query
             else:
-                what, path, body = "event", f"/v1/sessions/{session}/events", event(i)
+                what, path, body = "event", f"/v1/sessions/{session}/events", made[i]
             try:
                 code = str(client.post(path, content=body, headers=auth).status_code)
             except httpx.HTTPError as e:
@@ -129,25 +140,33 @@ def flood(url: str, token_file: Path, session: str, connections: int) -> int:
 # -- tenant B's ledger writes ----------------------------------------------------------------
 
 
-async def ledger_writes(url: str, token_file: Path, first: int, n: int, warmup: int,
-                        going: Callable[[], bool] = lambda: False) -> list[float]:
-    """Seconds per ledger write (open + close) of at least `n` calls after `warmup`, from
-    seq `first` on, and more while `going()`."""
+ROWS_PER_WRITER = 1_900  # under the store API's 2,000 per attempt
+
+
+async def ledger_writes(url: str, writers: Iterator[Path], n: int, warmup: int,
+                        pause: float, going: Callable[[], bool] = lambda: False) -> list[float]:
+    """Seconds per ledger write (open + close) of at least `n` calls after `warmup`, and
+    more while `going()`; each writer (an attempt's token file) writes ROWS_PER_WRITER."""
     from agentrun_runner.store_client import StoreClient
 
-    client = StoreClient(url, token_file)
     out: list[float] = []
-    seq = first
-    try:
-        while seq < first + warmup + n or going():
-            t0 = time.perf_counter()
-            await client.open_call(seq, "send_email", f"c{seq}", DIGEST)
-            await client.close_call(seq, "ok", {"sent": True})
-            if seq >= first + warmup:
-                out.append(time.perf_counter() - t0)
-            seq += 1
-    finally:
-        await client.close()
+    done = 0
+    while done < warmup + n or going():
+        client = StoreClient(url, next(writers))
+        try:
+            for seq in range(1, ROWS_PER_WRITER + 1):
+                if done >= warmup + n and not going():
+                    break
+                t0 = time.perf_counter()
+                await client.open_call(seq, "send_email", f"c{seq}", DIGEST)
+                await client.close_call(seq, "ok", {"sent": True})
+                # A writer's first calls verify its token (bench/ledger.py times those).
+                if done >= warmup and seq > 2:
+                    out.append(time.perf_counter() - t0)
+                done += 1
+                await asyncio.sleep(pause)
+        finally:
+            await client.close()
     return out
 
 
@@ -156,6 +175,8 @@ def main() -> int:
     parser.add_argument("--writes", type=int, default=300,
                         help="tenant B's ledger writes per phase, after the warm-up")
     parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--pause", type=float, default=0.01,
+                        help="seconds between two of B's ledger writes")
     parser.add_argument("--connections", type=int, default=8,
                         help="the flooding runner's requests at once")
     parser.add_argument("--out", help="results file (default bench/results/store-flood-"
@@ -218,13 +239,17 @@ def main() -> int:
                 return me.token_file, session
 
             flooder_token, flooder_session = runner("flooder", "bench-flood-a")
-            writer_token, _ = runner("writer", "bench-flood-b")
+            # Enough of B's runs for the longest flood this machine has seen, and more made
+            # should it last longer.
+            made = [runner(f"writer{i}", "bench-flood-b")[0] for i in range(6)]
+            writers = itertools.chain(made, (runner(f"writer{i}", "bench-flood-b")[0]
+                                             for i in itertools.count(len(made))))
             say(f"bench/store_flood.py, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} "
                 f"UTC, {os.cpu_count()} CPUs: Postgres {pg.port} (fsync=off), "
                 f"agentrun-store-api {api.url} (its own process); load average {load()}")
 
-            idle = asyncio.run(ledger_writes(api.url, writer_token, 1, args.writes,
-                                             args.warmup))
+            idle = asyncio.run(ledger_writes(api.url, writers, args.writes, args.warmup,
+                                             args.pause))
             flooder = subprocess.Popen(
                 [sys.executable, __file__, "--connections", str(args.connections),
                  "--flooder", api.url, str(flooder_token), flooder_session],
@@ -233,8 +258,8 @@ def main() -> int:
                 time.sleep(2)  # the flood under way (the flooder's imports take a moment)
                 started = time.monotonic()
                 flooded = asyncio.run(ledger_writes(
-                    api.url, writer_token, args.warmup + args.writes + 1, args.writes,
-                    args.warmup, going=lambda: flooder.poll() is None))
+                    api.url, writers, args.writes, args.warmup, args.pause,
+                    going=lambda: flooder.poll() is None))
                 lasted = time.monotonic() - started
                 report, _ = flooder.communicate(timeout=600)
             finally:

@@ -75,8 +75,12 @@ def _serving(route: Route, authority: Authority, quotas: Quotas, readiness: Read
                 raise too_large(route.name, limit, declared)
             if not readiness.ready:
                 raise Refused(503, readiness.why or "the run store is not ready")
-            caller = await authority.caller(request, fenced=route.fenced)
+            caller = await authority.caller(request)
             async with quotas.turn(caller):
+                if route.takes is not None:
+                    await quotas.check(caller, route.takes)
+                if not route.fenced:
+                    await authority.check_live(caller)
                 result = await handler(request, caller)
             response = _answer(200, {} if result is None else result)
         except store.AttemptSettled as e:  # a fenced write found the attempt settled

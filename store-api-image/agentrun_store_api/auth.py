@@ -4,9 +4,10 @@ Three steps, each remembered where what it learns cannot change: TokenReview (wh
 token is: a ServiceAccount token bound to a pod), the pod (its labels and its controller,
 an AgentRun: which attempt of which run), and the store (that attempt as the operator
 recorded it: its run, pod and session never change once written). What does change, whether
-the attempt is still live, is read on every request: by the ledger writes in their own
-statement (store.open_call, store.close_call: the fence), by the other routes as one
-primary-key read before they act.
+the attempt is still live, is read on every request, in the attempt's turn at the store
+(so that one runner's requests never hold more than their share of the pool): by the
+ledger writes in their own statement (store.open_call, store.close_call: the fence), by
+the other routes as one primary-key read before they act (`check_live`).
 
 A refusal of the token (401, 403) is remembered briefly too: a flood of one bad token
 costs one TokenReview.
@@ -184,9 +185,10 @@ class Authority:
         self._attempts: Remembered[tuple[str, int], store.AttemptIdentity] = Remembered()
         self._settled: Remembered[tuple[str, int], str] = Remembered()
 
-    async def caller(self, request: web.Request, *, fenced: bool = False) -> Caller:
-        """The attempt the request's token speaks for. Its liveness is checked here unless
-        the route checks it in its own statement (`fenced`: the ledger writes)."""
+    async def caller(self, request: web.Request) -> Caller:
+        """The attempt the request's token speaks for, with no read of the store once the
+        attempt is known. Whether it is still live is `check_live`'s (or the route's own
+        statement's) to say, in the attempt's turn at the store."""
         header = request.headers.get("Authorization", "")
         token = header[7:].strip() if header.startswith("Bearer ") else ""
         if not token:
@@ -198,8 +200,8 @@ class Authority:
             raise refused
         try:
             caller = await self._caller(token, key)
-            # Known settled: refused without a query, also on the fenced routes.
-            await self._check_live(caller, in_store=not fenced)
+            # Known settled: refused without a query.
+            self._known_live(caller)
         except Refused as e:
             if e.status in (401, 403):
                 self._refused.put(key, e, limits.REFUSED_TOKEN_SECONDS)
@@ -238,10 +240,15 @@ class Authority:
             raise self.settled(caller, found.status)
         return caller
 
-    async def _check_live(self, caller: Caller, *, in_store: bool) -> None:
+    def _known_live(self, caller: Caller) -> None:
         status = self._settled.get((caller.run_uid, caller.attempt))
-        if status is None and in_store:
-            status = await store.attempt_status(self._engine, caller.run_uid, caller.attempt)
+        if status is not None:
+            raise settled_refusal(caller, status)
+
+    async def check_live(self, caller: Caller) -> None:
+        """Refuses (403) a settled attempt: one primary-key read, for the routes whose own
+        statements do not check it."""
+        status = await store.attempt_status(self._engine, caller.run_uid, caller.attempt)
         if status is not None and status not in RunStatus.LIVE:
             raise self.settled(caller, status)
 

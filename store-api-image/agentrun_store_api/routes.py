@@ -42,13 +42,16 @@ class Route:
     """One route: its name (the handler's, the metrics label, the log field and the key of
     its body limit), method and path; `ledger`, the ledger write it is (its handling time
     is measured); `fenced`, whether its own statement refuses a settled attempt (so no
-    separate liveness read is made)."""
+    separate liveness read is made); `takes`, what each request of it counts against the
+    attempt's quotas at least, so that one they would refuse anyway is refused before
+    anything is read."""
 
     name: str
     method: str
     path: str
     ledger: str = ""
     fenced: bool = False
+    takes: Usage | None = None  # what each request of it counts at least (quotas.check)
 
 
 ROUTES = (
@@ -61,14 +64,14 @@ ROUTES = (
     Route("list_sessions", "GET", "/v1/sessions"),
     Route("get_session", "GET", "/v1/sessions/{session}"),
     Route("delete_session", "DELETE", "/v1/sessions/{session}"),
-    Route("append_event", "POST", "/v1/sessions/{session}/events"),
+    Route("append_event", "POST", "/v1/sessions/{session}/events", takes=Usage(events=1)),
     Route("ledger", "GET", "/v1/ledger"),
     Route("journal", "GET", "/v1/journal"),
     Route("open_call", "POST", "/v1/ledger", ledger="open", fenced=True),
     Route("close_call", "POST", "/v1/ledger/{seq}/close", ledger="close", fenced=True),
     Route("add_memory", "POST", "/v1/memory/events"),
     Route("search_memory", "POST", "/v1/memory/search"),
-    Route("record_side_effect", "POST", "/v1/outbox"),
+    Route("record_side_effect", "POST", "/v1/outbox", takes=Usage(outbox_rows=1)),
 )
 BY_NAME = {r.name: r for r in ROUTES}
 
@@ -355,7 +358,6 @@ class Routes:
 
         session_id = request.match_info["session"]
         self._own_session(caller, session_id)
-        await self.quotas.check(caller, Usage(events=1))
         raw = await read_body(request)
         try:
             event = Event.model_validate_json(raw)

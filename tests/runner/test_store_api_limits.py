@@ -271,6 +271,12 @@ def test_errors_carry_no_sql_parameters_or_hosts(
     run = prepare_run(pg_store, "nosql")
     token = run.identity(1).token
     assert call(api.url, "POST", "/v1/attempt/begin", token, {})[0] == 200
+    # A body that is not an ADK event is the runner's mistake: 400, saying where and what,
+    # never the value it sent.
+    status, got = call(api.url, "POST", f"/v1/sessions/{run.session_for(1)}/events", token,
+                       {"content": {"parts": "SELECT secret FROM users"}})
+    assert status == 400 and got["error"].startswith("not an ADK event: "), got
+    assert "SELECT" not in got["error"] and "secret" not in json.dumps(got), got
 
     async def break_the_ledger(e: AsyncEngine) -> None:
         async with e.begin() as conn:
@@ -292,9 +298,3 @@ def test_errors_carry_no_sql_parameters_or_hosts(
     line = next(x for x in logged.splitlines() if f"ref={ref}" in x)
     assert "event=store-api-failed route=open_call" in line and "tool_calls" in logged
     assert api.metric("agentrun_store_api_errors_total", route="open_call") == 1
-    # A body that is not an ADK event is the runner's mistake: 400, and only where.
-    status, got = call(api.url, "POST", f"/v1/sessions/{run.session_for(1)}/events", token,
-                       {"content": {"parts": "SELECT secret FROM users"}})
-    assert status == 400 and got["error"].startswith("not an ADK event: ")
-    assert "SELECT" not in got["error"], got
-    assert json.dumps(got).count("secret") == 0
