@@ -26,8 +26,9 @@ bound to that pod by TokenRequest, exactly what the store API verifies in a clus
    before: only the ledger varies) without a ledger, with the direct-database ledger and
    with the ledger through the store API; and with sessions through the store API too
    (everything a runner does now) without and with the ledger (the goal: within 1.2x).
-   The ledger's close goes on its way while the tool's answer goes back to the model (the
-   runner's WriteAheadLedger), and is flushed before the run ends.
+   The ledger's close goes on its way while the tool's answer goes back to the model, riding
+   on the next call's open (the runner's WriteAheadLedger), and is flushed before the run
+   ends.
 
 The output goes to stdout and to `--out` (default bench/results/ledger-<date>.txt;
 `--out -` for stdout only).
@@ -47,7 +48,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -162,9 +163,11 @@ class DirectLedgerStore:
         await store.record_invocation(self.engine, self.uid, self.attempt, invocation_id)
 
     async def open_call(self, seq: int, tool: str, call_id: str | None, digest: str,
-                        effect: str | None = None, key: str | None = None) -> None:
-        await store.open_call(self.engine, self.uid, self.attempt, seq, tool, call_id, digest,
-                              effect, key)
+                        effect: str | None = None, key: str | None = None,
+                        closes: Sequence[tuple[int, str, Any]] = ()) -> list[int]:
+        return await store.open_call(self.engine, self.uid, self.attempt, seq, tool, call_id,
+                                     digest, effect, key,
+                                     [store.CallClose(*c) for c in closes])
 
     async def close_call(self, seq: int, outcome: str, result: Any = None) -> None:
         await store.close_call(self.engine, self.uid, self.attempt, seq, outcome, result)

@@ -45,7 +45,8 @@ Tools
     await tools_executed(engine, uid, attempt) -> list[str] | None
         the ledger and the attempt's session function calls, in call order; None = unknown
     await ledger(engine, uid) -> list[LedgerEntry]     by attempt, then call order
-    await open_call(...) / close_call(...) -> bool     the runner's write-ahead ledger
+    await open_call(..., closes=[CallClose]) -> closed seqs / close_call(...) -> bool
+                                                       the runner's write-ahead ledger
         (close_call closes only an open row: a finished one is never rewritten; both
         raise AttemptSettled once the operator settled the attempt)
 
@@ -87,6 +88,7 @@ from agentrun.store.engine import (
 from agentrun.store.inputs import Input, delete_input, get_input, input_digest, put_input
 from agentrun.store.ledger import (
     AttemptSettled,
+    CallClose,
     JournalEntry,
     close_call,
     journal,
@@ -139,6 +141,7 @@ __all__ = [
     "AttemptIdentity",
     "AttemptSettled",
     "AttemptUsage",
+    "CallClose",
     "Claim",
     "Input",
     "InvocationRecorded",

@@ -7,7 +7,7 @@ runs) it answers the one question a replay needs: did this attempt touch the wor
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -30,6 +30,15 @@ class AttemptSettled(RuntimeError):
         self.status = status  # how it was settled (vocabulary.RunStatus)
 
 
+@dataclass(frozen=True)
+class CallClose:
+    """The end of an earlier call of the attempt, carried by the next call's open."""
+
+    seq: int
+    outcome: str  # vocabulary.LedgerOutcome
+    result: Any = None
+
+
 async def open_call(
     engine: AsyncEngine,
     uid: str,
@@ -40,18 +49,33 @@ async def open_call(
     digest: str,
     effect: str | None = None,
     idempotency_key: str | None = None,
-) -> None:
+    closes: Sequence[CallClose] = (),
+) -> list[int]:
     """Inserts and commits the ledger row of a call that is about to run. Raises if the
     row could not be committed: the caller must then not run the tool (fail closed).
+
+    `closes`, ends of earlier calls of the attempt, are written in the same transaction
+    (one commit for a tool call's open and its predecessor's close), each only if its row
+    is still open; returns the seqs it closed.
 
     The ledger is also a fence: once the operator has settled the attempt (the pod was
     evicted, deleted, its node lost...), a runner that is still alive for its grace
     period may not start another tool, or the toolsExecuted the operator reported would
     be incomplete. The row goes in first, then the attempt's status is read under a
     share lock: a concurrent `settle_counting` either sees this row, or this call sees
-    the attempt settled and rolls back (AttemptSettled).
+    the attempt settled and rolls back (AttemptSettled), its closes with it.
     """
+    closed: list[int] = []
     async with engine.begin() as conn:
+        for close in closes:
+            done = await conn.execute(
+                update(tool_calls)
+                .where(tool_calls.c.run_uid == uid, tool_calls.c.attempt == attempt,
+                       tool_calls.c.seq == close.seq, tool_calls.c.finished_at.is_(None))
+                .values(finished_at=datetime.now(UTC), outcome=close.outcome,
+                        result=close.result))
+            if done.rowcount == 1:
+                closed.append(close.seq)
         await conn.execute(
             tool_calls.insert().values(
                 run_uid=uid, attempt=attempt, seq=seq, tool=tool, call_id=call_id,
@@ -72,6 +96,7 @@ async def open_call(
                 f"attempt {attempt} of run {uid} was already settled ({status}) by the "
                 f"operator; {tool} was not started", status
             )
+    return closed
 
 
 async def close_call(engine: AsyncEngine, uid: str, attempt: int, seq: int, outcome: str,

@@ -177,10 +177,16 @@ class StoreClient:
     # -- the ledger ------------------------------------------------------------------------
 
     async def open_call(self, seq: int, tool: str, call_id: str | None, digest: str,
-                        effect: str | None = None, key: str | None = None) -> None:
-        await self.request("POST", "/v1/ledger", {"seq": seq, "tool": tool, "callId": call_id,
-                                                  "argsDigest": digest, "effect": effect,
-                                                  "idempotencyKey": key})
+                        effect: str | None = None, key: str | None = None,
+                        closes: Sequence[tuple[int, str, Any]] = ()) -> list[int]:
+        """Records a call before it runs; `closes`, (seq, outcome, result) of earlier calls
+        on their way, go in the same commit. Returns the seqs those closed."""
+        body: dict[str, Any] = {"seq": seq, "tool": tool, "callId": call_id,
+                                "argsDigest": digest, "effect": effect, "idempotencyKey": key}
+        if closes:
+            body["closes"] = [{"seq": s, "outcome": o, "result": r} for s, o, r in closes]
+        data = await self.request("POST", "/v1/ledger", body)
+        return [int(s) for s in data.get("closed") or []]
 
     async def close_call(self, seq: int, outcome: str, result: Any = None) -> None:
         await self.request("POST", f"/v1/ledger/{seq}/close",

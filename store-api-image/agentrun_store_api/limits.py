@@ -55,6 +55,11 @@ EVENT_BYTES: Final = 32 * MiB
 # One tool result, as journalled on its ledger row: what a tool returns goes to the model
 # too, and 1 MiB of it is already a quarter of a million tokens.
 RESULT_BYTES: Final = 1 * MiB
+# A call's open carries the closes of earlier calls still on their way (one commit where
+# there were two): at most this many, each with a result of at most this size (a larger
+# one is closed on its own).
+CLOSES_PER_OPEN: Final = 8
+CARRIED_RESULT_BYTES: Final = 16 * KiB
 # A memory query is what the model asks for in a sentence or two.
 QUERY_BYTES: Final = 8 * KiB
 # ...and at most this many keywords (one LIKE each): stop words are not counted.
@@ -76,8 +81,9 @@ BODY_BYTES: Final[Mapping[str, int]] = {
     "append_event": EVENT_BYTES,
     "ledger": 0,
     "journal": 0,
-    # Tool name, call id, digest, effect, key: a few hundred bytes.
-    "open_call": 16 * KiB,
+    # Tool name, call id, digest, effect, key: a few hundred bytes; and the closes it
+    # carries.
+    "open_call": 16 * KiB + CLOSES_PER_OPEN * (CARRIED_RESULT_BYTES + KiB),
     "close_call": RESULT_BYTES + 64 * KiB,
     "add_memory": EVENT_BYTES,
     # The query JSON-encoded (an escape, \uXXXX, is 6 bytes for a character of 2 or 3).

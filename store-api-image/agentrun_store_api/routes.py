@@ -379,8 +379,33 @@ class Routes:
 
     # -- its ledger --------------------------------------------------------------------
 
-    async def open_call(self, request: web.Request, caller: Caller) -> None:
+    def _carried(self, data: Mapping[str, Any]) -> list[store.CallClose]:
+        """The closes an open carries: ok or error (a journal close goes alone, checked),
+        each result small enough to be carried."""
+        raw = field(data, "closes", list, optional=True) or []
+        if len(raw) > limits.CLOSES_PER_OPEN:
+            raise Refused(413, f"an open carries at most {limits.CLOSES_PER_OPEN} closes; "
+                               f"this one carries {len(raw)}")
+        closes = []
+        for item in raw:
+            if not isinstance(item, dict):
+                raise Refused(400, "each of 'closes' must be an object")
+            outcome = field(item, "outcome", str)
+            if outcome not in (LedgerOutcome.OK, LedgerOutcome.ERROR):
+                raise Refused(400, f"a carried close is {LedgerOutcome.OK} or "
+                                   f"{LedgerOutcome.ERROR}; a {outcome} close goes alone")
+            result = item.get("result")
+            size = len(json.dumps(result, separators=(",", ":"))) if result is not None else 0
+            if size > limits.CARRIED_RESULT_BYTES:
+                raise Refused(413, f"a carried close's result may be "
+                                   f"{limits.shown(limits.CARRIED_RESULT_BYTES)} at most; "
+                                   f"this one is {limits.shown(size)}: close it alone")
+            closes.append(store.CallClose(field(item, "seq", int), outcome, result))
+        return closes
+
+    async def open_call(self, request: web.Request, caller: Caller) -> dict[str, Any]:
         data = await body_of(request)
+        closes = self._carried(data)
         seq, tool = field(data, "seq", int), field(data, "tool", str)
         call_id = field(data, "callId", str, optional=True)
         digest = field(data, "argsDigest", str)
@@ -395,17 +420,28 @@ class Routes:
                                f"{caller.run_name}: one attempt may record at most "
                                f"{limits.LEDGER_ROWS_PER_ATTEMPT:,} tool calls; the tool was "
                                "not recorded, so it must not run")
+        key = field(data, "idempotencyKey", str, optional=True)
+        more = Usage(result_bytes=sum(len(json.dumps(c.result, separators=(",", ":")))
+                                      for c in closes if c.result is not None))
+        await self.quotas.take(caller, more)
         try:
-            await store.open_call(self.engine, caller.run_uid, caller.attempt, seq, tool,
-                                  call_id, digest, effect,
-                                  field(data, "idempotencyKey", str, optional=True))
+            closed = await store.open_call(self.engine, caller.run_uid, caller.attempt, seq,
+                                           tool, call_id, digest, effect, key, closes)
         except IntegrityError as e:
             # The same call sent again (its first answer was lost) is the same row;
             # anything else under this seq is a rewrite, which the ledger never allows.
             if not await self._same_call(caller, seq, tool, call_id, digest):
+                self.quotas.give_back(caller, more)
                 raise Refused(409, f"call {seq} of attempt {caller.attempt} is already on "
                                    "the ledger as another call; ledger rows are never "
                                    "rewritten") from e
+            # Its closes went back with the insert: they land on their own.
+            closed = [c.seq for c in closes if await store.close_call(
+                self.engine, caller.run_uid, caller.attempt, c.seq, c.outcome, c.result)]
+        except BaseException:
+            self.quotas.give_back(caller, more)
+            raise
+        return {"closed": closed}
 
     async def _call(self, caller: Caller, seq: int) -> store.LedgerEntry | None:
         rows = await store.ledger(self.engine, caller.run_uid)

@@ -66,7 +66,7 @@ def test_a_flooding_runner_gets_413_and_429_with_sentences(
     # A 16 MiB body where a few hundred bytes belong: refused from its Content-Length.
     status, got = call(api, "POST", "/v1/ledger", token, raw=b"x" * (16 * MiB))
     assert status == 413, got
-    assert got["error"] == ("POST /v1/ledger takes a body of at most 16 KiB; this one is "
+    assert got["error"] == ("POST /v1/ledger takes a body of at most 152 KiB; this one is "
                             "16 MiB")
     status, got = call(api, "POST", "/v1/attempt/outcome", token, raw=b" " * (16 * MiB))
     assert status == 413 and "POST /v1/attempt/outcome takes a body of at most 64 KiB" \
@@ -76,7 +76,7 @@ def test_a_flooding_runner_gets_413_and_429_with_sentences(
         answer = client.post("/v1/ledger", headers={"Authorization": f"Bearer {token}"},
                              content=iter([b"x" * (64 * 1024)] * 8))
     assert answer.status_code == 413, answer.text
-    assert answer.json()["error"] == "POST /v1/ledger takes a body of at most 16 KiB"
+    assert answer.json()["error"] == "POST /v1/ledger takes a body of at most 152 KiB"
 
     # A 300,000-word memory query: far over the route's body limit.
     words = " ".join(f"w{i}" for i in range(300_000))
@@ -130,6 +130,40 @@ def test_a_flooding_runner_gets_413_and_429_with_sentences(
     other, _, other_token = _begun(pg_store, runner_world, "neighbour")
     assert call(api, "POST", f"/v1/sessions/{other.session_for(1)}/events", other_token,
                 raw=_event("hello"))[0] == 200
+
+
+def test_an_open_carries_the_closes_of_earlier_calls(
+    pg_store: str, runner_world: RunnerWorld
+) -> None:
+    run, api, token = _begun(pg_store, runner_world, "carried")
+
+    def open_call(seq: int, closes: list[dict[str, Any]]) -> tuple[int, Any]:
+        return call(api, "POST", "/v1/ledger", token, {
+            "seq": seq, "tool": "send_email", "callId": f"c{seq}", "argsDigest": "sha256:1",
+            "closes": closes})
+
+    assert open_call(1, []) == (200, {"closed": []})
+    # Call 2's open closes call 1, in the same commit; a close of a row that is not open
+    # (9) closes nothing and says so.
+    assert open_call(2, [{"seq": 1, "outcome": "ok", "result": {"sent": True}},
+                         {"seq": 9, "outcome": "ok"}]) == (200, {"closed": [1]})
+    # What an open may not carry: a journal close (checked alone), a large result, many.
+    status, got = open_call(3, [{"seq": 2, "outcome": "journal"}])
+    assert (status, got["error"]) == (400, "a carried close is ok or error; a journal "
+                                           "close goes alone")
+    status, got = open_call(3, [{"seq": 2, "outcome": "ok", "result": "x" * 17_000}])
+    assert status == 413 and "a carried close's result may be 16 KiB at most" in got["error"]
+    status, got = open_call(3, [{"seq": 2, "outcome": "ok"}] * 9)
+    assert (status, got["error"]) == (413, "an open carries at most 8 closes; this one "
+                                           "carries 9")
+    # A settled attempt: the open is refused, and the close it carried with it.
+    assert query(pg_store, lambda e: store.settle_counting(
+        e, run.uid, 1, RunStatus.FAILED, Reason.EVICTED, "evicted")).won
+    status, got = open_call(3, [{"seq": 2, "outcome": "ok"}])
+    assert status == 403 and "is settled (failed)" in got["error"], got
+    rows = query(pg_store, lambda e: store.ledger(e, run.uid))
+    assert [(r.seq, r.outcome, r.result) for r in rows] == [
+        (1, "ok", {"sent": True}), (2, None, None)]
 
 
 def test_a_runner_may_not_report_what_only_the_operator_observes(
