@@ -153,8 +153,9 @@ comma := ,
 BENCH_OUT := $(if $(BENCH_QUICK),--out -)
 
 .PHONY: bench
-bench: venv controlplane ## benchmarks: ledger cost; eviction latency idle and under load, throughput beside the Job controller; the operator at rest at scale; resume
+bench: venv controlplane ## benchmarks: ledger cost; a tenant's ledger writes while another floods the store API; eviction latency idle and under load, throughput beside the Job controller; the operator at rest at scale; resume
 	$(PY) bench/ledger.py
+	$(PY) bench/store_flood.py $(BENCH_OUT)
 	$(PY) bench/eviction.py --trials $(BENCH_TRIALS) $(BENCH_OUT)
 	$(PY) bench/eviction.py --trials $(BENCH_TRIALS) --background $(BENCH_BACKGROUND) $(BENCH_OUT)
 	$(PY) bench/throughput.py --n $(BENCH_N) $(BENCH_OUT)
