@@ -48,6 +48,8 @@ class Reason:
     RATE_LIMITED_AFTER_TOOL_CALL: Final = "RateLimitedAfterToolCall"
     AGENT_ERROR: Final = "AgentError"
     BUDGET_EXCEEDED: Final = "BudgetExceeded"
+    # spec.limits sets maxCostMicroUSD and a model of the run has no known price.
+    PRICE_UNKNOWN: Final = "PriceUnknown"
     AWAITING_APPROVAL: Final = "AwaitingApproval"
     STALE: Final = "Stale"
     # Refused at launch, before any pod: no tool can have run (toolsExecuted []).
@@ -73,7 +75,7 @@ class Reason:
     # The failure reasons a runner may report for its own attempt (the store API refuses
     # any other): every reason that would say "nothing ran" is the operator's alone.
     RUNNER_REPORTED: Final = frozenset({AGENT_ERROR, RATE_LIMITED_AFTER_TOOL_CALL,
-                                        BUDGET_EXCEEDED, AWAITING_APPROVAL})
+                                        BUDGET_EXCEEDED, PRICE_UNKNOWN, AWAITING_APPROVAL})
     # What an attempt's recorded outcome may say: the runner's reasons, and the store API's
     # own observation that the run's input snapshot is gone.
     RECORDED: Final = RUNNER_REPORTED | {INPUT_UNAVAILABLE}
@@ -208,6 +210,9 @@ class RunnerEnv:
     ALLOW_SCRIPTED_MODEL: Final = "AGENTRUN_ALLOW_SCRIPTED_MODEL"
     # spec.tools (JSON): the effect class of each named tool.
     TOOLS: Final = "AGENTRUN_TOOLS"
+    # spec.limits (JSON), and the operator's modelPrices (JSON) the runner prices calls by.
+    LIMITS: Final = "AGENTRUN_LIMITS"
+    MODEL_PRICES: Final = "AGENTRUN_MODEL_PRICES"
 
 
 class LoaderEnv:
@@ -308,6 +313,8 @@ class RunnerExit:
     INPUT_UNAVAILABLE: Final = 4
     RATE_LIMITED_AFTER_TOOL_CALL: Final = 5
     STORE_UNAVAILABLE: Final = 6
+    BUDGET_EXCEEDED: Final = 7
+    PRICE_UNKNOWN: Final = 8
 
 
 class RunStatus:

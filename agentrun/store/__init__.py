@@ -67,6 +67,13 @@ Retention
         ADK events past retention, in batches; sessions keep their shell
     await purge_expired_memory(engine) -> int           memory entries past their expiry
 
+Outcome (the final answer and the usage; tool calls are counted from the ledger)
+    await record_result(engine, uid, attempt, text, parsed=None) -> bool   first wins
+    await get_result(engine, uid) -> Result | None        the latest attempt's answer
+    await add_usage(engine, uid, attempt, model, input_tokens, output_tokens, cost|None)
+    await run_usage(engine, uid, before_attempt=None) -> Usage     a resume continues
+    await usage_changed_since(engine, since) -> set[run uid]
+
 Memory (agentrun.store.memory, with google-adk) and samples
     StoreMemoryService(engine, ttl_days=90)            an ADK BaseMemoryService
     await record_side_effect(engine, tool, args, run_name, run_uid, attempt)
@@ -101,6 +108,16 @@ from agentrun.store.ledger import (
 )
 from agentrun.store.migrate import StoreNotReady, check_schema, head_revision, migrate
 from agentrun.store.outbox import OutboxRow, outbox, record_side_effect
+from agentrun.store.outcome import (
+    Result,
+    Usage,
+    add_usage,
+    answer_digest,
+    get_result,
+    record_result,
+    run_usage,
+    usage_changed_since,
+)
 from agentrun.store.replays import (
     Claim,
     ReplayApproval,
@@ -150,11 +167,15 @@ __all__ = [
     "Outcome",
     "ReplayApproval",
     "ReplayRace",
+    "Result",
     "Run",
     "RunNotRecorded",
     "SessionClaim",
     "Settled",
     "StoreNotReady",
+    "Usage",
+    "add_usage",
+    "answer_digest",
     "approval_of_replay_run",
     "approve_replay",
     "args_digest",
@@ -170,6 +191,7 @@ __all__ = [
     "get_input",
     "get_outcome",
     "get_replay_approval",
+    "get_result",
     "get_run",
     "head_revision",
     "input_digest",
@@ -188,11 +210,13 @@ __all__ = [
     "record_invocation",
     "record_outcome",
     "record_pod",
+    "record_result",
     "record_run",
     "record_side_effect",
     "redact",
     "release_replay",
     "replays_of",
+    "run_usage",
     "session_app",
     "session_service_url",
     "set_tools_executed",
@@ -200,4 +224,5 @@ __all__ = [
     "settle_counting",
     "start_attempt",
     "tools_executed",
+    "usage_changed_since",
 ]

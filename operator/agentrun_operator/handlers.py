@@ -34,7 +34,7 @@ from agentrun.vocabulary import (
     Phase,
     ReplayPhase,
 )
-from agentrun_operator import events, metrics, retention, startup_checks
+from agentrun_operator import events, metrics, retention, startup_checks, usage
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.informer import Informer, Informers, key_of
 from agentrun_operator.kube import Kube
@@ -192,6 +192,7 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
             memo.workers = [asyncio.create_task(work(ctx, reconcile_replay))
                             for _ in range(running.workers)]
             memo.workers.append(asyncio.create_task(retention.purge_daily(ctx)))
+            memo.workers.append(asyncio.create_task(usage.watch(ctx)))
             resync_all(ctx)
 
         async def step_down() -> None:

@@ -116,6 +116,8 @@ class Context:
     # The last state of runner pods deleted while we were watching.
     gone: dict[Key, dict[str, Any]] = field(default_factory=dict)
     service_accounts: set[Key] = field(default_factory=set)
+    # When each live run's usage was last written to its status (throttle: USAGE_EVERY).
+    usage_written: dict[Key, float] = field(default_factory=dict)
     _input_key: bytes | None = None
 
     async def input_key(self) -> bytes:
@@ -360,6 +362,7 @@ async def _follow(ctx: Context, run: Mapping[str, Any]) -> float | None:
     outcome = classify(pod, node, now(), ctx.config.node_lost_grace)
     if outcome is not None and outcome.terminal:
         return await _finish(ctx, run, attempt, outcome)
+    held: float | None = None
     if outcome is not None and outcome.phase == Phase.RUNNING:
         if status.get("phase") == Phase.PENDING:
             message = f"Runner pod {pname} is running."
@@ -368,6 +371,7 @@ async def _follow(ctx: Context, run: Mapping[str, Any]) -> float | None:
                 startedAt=status.get("startedAt") or st.stamp(now())))
             events.post(run, Reason.STARTED, message)
             return 0
+        held = await _live_usage(ctx, run)
     else:
         waiting = st.pod_waiting(pod)
         if waiting is not None and (status.get("reason"), status.get("message")) != waiting:
@@ -378,7 +382,7 @@ async def _follow(ctx: Context, run: Mapping[str, Any]) -> float | None:
     if left <= 0:
         return await _finish(ctx, run, attempt, Outcome(
             Phase.FAILED, Reason.STALE, st.stale_message(ctx.config.stale_after)))
-    return left
+    return left if held is None else min(left, held)
 
 
 def _next_look(ctx: Context, run: Mapping[str, Any], node: Mapping[str, Any] | None) -> float:
@@ -687,7 +691,8 @@ async def _after_settle(ctx: Context, run: Mapping[str, Any], attempt: int, phas
         metrics.retried(reason)
         return 0
     settled = st.settled_status(phase, reason, message, tools, now(), status, attempts=attempt,
-                                **await _published_ledger(ctx, run, tools))
+                                **await _published_ledger(ctx, run, tools),
+                                **await _outcome(ctx, run))
     if resume is not None:  # asked to resume, and refused: say why, on the run
         settled["conditions"] = [
             *[c for c in settled["conditions"] if c.get("type") != st.Condition.RESUMABLE],
@@ -701,6 +706,50 @@ async def _after_settle(ctx: Context, run: Mapping[str, Any], attempt: int, phas
     events.post(run, reason, f"{message} Tools executed: {told}.",
                 warning=phase != Phase.SUCCEEDED)
     return 0
+
+
+async def _outcome(ctx: Context, run: Mapping[str, Any]) -> dict[str, Any]:
+    """status.result (the agent's answer, if it gave one) and status.usage of a run that
+    ends, from the store; neither when the store cannot be read (the rest of the status
+    says what happened)."""
+    uid = run["metadata"]["uid"]
+    ctx.usage_written.pop((run["metadata"]["namespace"], run["metadata"]["name"]), None)
+    try:
+        result = await store.get_result(ctx.engine, uid)
+        used = await store.run_usage(ctx.engine, uid)
+    except Exception as e:
+        log.warning("event=store-outcome-failed run=%s error=%r", run["metadata"]["name"], e)
+        metrics.STORE_ERRORS.labels("outcome").inc()
+        return {}
+    shown: dict[str, Any] = {"usage": st.usage_status(used)}
+    if result is not None:
+        shown["result"] = st.result_status(result.text, result.digest, result.json)
+    return shown
+
+
+# A live run's usage is written to its status at most this often.
+USAGE_EVERY = 5.0
+
+
+async def _live_usage(ctx: Context, run: Mapping[str, Any]) -> float | None:
+    """Writes a running run's usage to its status when it changed, at most once per
+    USAGE_EVERY seconds; returns when to look again for a change held back, if one was."""
+    meta, status = run["metadata"], run.get("status") or {}
+    try:
+        used = st.usage_status(await store.run_usage(ctx.engine, meta["uid"]))
+    except Exception as e:  # the usage can wait for the store; the run cannot
+        log.warning("event=store-usage-failed run=%s error=%r", meta["name"], e)
+        metrics.STORE_ERRORS.labels("usage").inc()
+        return None
+    if used == status.get("usage"):
+        return None
+    key = (meta["namespace"], meta["name"])
+    waited = time.monotonic() - ctx.usage_written.get(key, float("-inf"))
+    if waited < USAGE_EVERY:
+        return USAGE_EVERY - waited
+    await _write(ctx, run, {"usage": used})
+    ctx.usage_written[key] = time.monotonic()
+    return None
 
 
 async def _published_ledger(ctx: Context, run: Mapping[str, Any],

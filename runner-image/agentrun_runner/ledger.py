@@ -20,6 +20,7 @@ from google.adk.tools.base_tool import BaseTool
 from agentrun import effects
 from agentrun.vocabulary import ENV_TEST_CRASH_AFTER_CLOSE, LedgerOutcome
 from agentrun_runner import logs
+from agentrun_runner.budget import Budget, BudgetExceeded
 from agentrun_runner.store_client import StoreClient
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ class WriteAheadLedger(BasePlugin):
         root_run_uid: str = "",
         overrides: Mapping[str, str] | None = None,
         journal: Mapping[str, Mapping[str, Any]] | None = None,
+        budget: Budget | None = None,
     ) -> None:
         super().__init__(name="agentrun_ledger")
         self._failures = failures if failures is not None else []
@@ -59,6 +61,8 @@ class WriteAheadLedger(BasePlugin):
         self._overrides = dict(overrides or {})
         # A resumed attempt: the calls of the session it continues, by call id.
         self._journal = dict(journal or {})
+        # spec.limits' maxToolCalls: checked (and counted) as each call starts.
+        self._budget = budget
         self._seq = itertools.count(1)
         self._open: dict[int, int] = {}  # id(tool_context) -> seq
 
@@ -94,6 +98,12 @@ class WriteAheadLedger(BasePlugin):
             logs.info("tool.from_journal", tool=tool.name, seq=seq, call_id=call_id)
             result = recorded.get("result")
             return dict(result) if isinstance(result, Mapping) else {"result": result}
+        if self._budget is not None:
+            try:
+                self._budget.tool_started(tool.name)
+            except BudgetExceeded as e:
+                self._failures.append(e)
+                raise
         try:
             await self._client.open_call(seq, tool.name, call_id,
                                          effects.args_digest(tool_args), effect, key)

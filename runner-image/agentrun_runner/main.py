@@ -35,6 +35,8 @@ from agentrun.vocabulary import (
     Trigger,
 )
 from agentrun_runner import logs
+from agentrun_runner.budget import Budget, BudgetExceeded, Counted, Limits, UsageMeter, unpriced
+from agentrun_runner.prices import Price, parse_overrides
 from agentrun_runner.store_client import (
     Identity,
     StoreClient,
@@ -80,6 +82,9 @@ class RunnerConfig:
     allow_scripted_model: bool = False
     # spec.tools: tool name -> effect class, overriding the agent's declarations.
     tool_effects: dict[str, str] = field(default_factory=dict)
+    # spec.limits, and the operator's modelPrices (model -> Price).
+    limits: Limits = field(default_factory=Limits)
+    model_prices: dict[str, Price] = field(default_factory=dict)
 
 
 class UsageError(ValueError):
@@ -159,7 +164,23 @@ def parse_config(argv: Sequence[str] | None, environ: dict[str, str]) -> RunnerC
         # Only from the environment the operator sets (last, after the user's env).
         allow_scripted_model=environ.get(RunnerEnv.ALLOW_SCRIPTED_MODEL) == "true",
         tool_effects=_tool_effects(environ.get(RunnerEnv.TOOLS) or ""),
+        limits=_limits(environ.get(RunnerEnv.LIMITS) or ""),
+        model_prices=_prices(environ.get(RunnerEnv.MODEL_PRICES) or ""),
     )
+
+
+def _limits(raw: str) -> Limits:
+    try:
+        return Limits.parse(raw)
+    except ValueError as e:
+        raise UsageError(f"{RunnerEnv.LIMITS}: {e}") from None
+
+
+def _prices(raw: str) -> dict[str, Price]:
+    try:
+        return parse_overrides(raw)
+    except ValueError as e:
+        raise UsageError(f"{RunnerEnv.MODEL_PRICES}: {e}") from None
 
 
 def _tool_effects(raw: str) -> dict[str, str]:
@@ -188,6 +209,8 @@ def classify_failure(error: BaseException) -> Failure:
     from agentrun_runner.retries import EmptyModelTurn, RateLimitedAfterToolCall, causes
 
     for e in causes(error):
+        if isinstance(e, BudgetExceeded):
+            return Failure(RunnerExit.BUDGET_EXCEEDED, Reason.BUDGET_EXCEEDED, str(e))
         if isinstance(e, RateLimitedAfterToolCall):
             return Failure(
                 RunnerExit.RATE_LIMITED_AFTER_TOOL_CALL, Reason.RATE_LIMITED_AFTER_TOOL_CALL, str(e)
@@ -314,6 +337,13 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
         await _report(client, failure)
         return _refuse(failure.code, "agent.load_failed", failure.message)
 
+    why = unpriced(config.limits, sorted({str(m.model) for m in models.values()}),
+                   config.model_prices)
+    if why is not None:
+        failure = Failure(RunnerExit.PRICE_UNKNOWN, Reason.PRICE_UNKNOWN, why)
+        await _report(client, failure)
+        return _refuse(failure.code, "price.unknown", failure.message)
+    budget = Budget(config.limits, Counted.of(me.usage), config.model_prices)
     sessions = StoreSessionService(client)
     memory = StoreMemoryService(client)
     journal = await client.journal() if me.resume_invocation else {}
@@ -321,9 +351,12 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
         app=App(
             name=config.agent,
             root_agent=root_agent,
-            plugins=[ModelRetries(models, watch),
+            # The budget first: a call past a limit is refused before anything records it.
+            plugins=[UsageMeter(budget, client, models, watch.failures),
+                     ModelRetries(models, watch),
                      WriteAheadLedger(client, watch.failures, root_run_uid=me.root_run_uid,
-                                      overrides=config.tool_effects, journal=journal),
+                                      overrides=config.tool_effects, journal=journal,
+                                      budget=budget),
                      CompactionPlugin()],
             # A resumed attempt continues the invocation it resumes: ADK replays its pending
             # function calls (through the ledger: answered from the journal, or run again)
@@ -387,8 +420,29 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
 
     await _remember(sessions, memory, config.agent, me, invocation_id)
     logs.info("agent.succeeded", answer=answer[:200])
+    await _record_result(client, root_agent, answer)
     await _report(client, None)
     return RunnerExit.SUCCESS
+
+
+def structured(agent: Any, answer: str) -> Any:
+    """The answer as the object of the agent's output schema, if it declares one and the
+    answer parses (None otherwise: the text stands alone)."""
+    if getattr(agent, "output_schema", None) is None:
+        return None
+    try:
+        return json.loads(answer)
+    except ValueError:
+        return None
+
+
+async def _record_result(client: StoreClient, agent: Any, answer: str) -> None:
+    """The whole answer into the store, before the outcome: the operator reads it when it
+    settles the attempt (status.result)."""
+    try:
+        await client.record_result(answer, structured(agent, answer))
+    except Exception as e:
+        logs.error("result.write_failed", error=f"{type(e).__name__}: {e}")
 
 
 def _check_resumable(session: Any, invocation_id: str) -> None:

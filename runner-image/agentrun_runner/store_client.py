@@ -68,6 +68,9 @@ class Identity:
     input_digest: str | None
     root_run_uid: str = ""
     resume_invocation: str | None = None  # the invocation this attempt continues
+    # What the run used before this attempt (a resume continues the count): the store's
+    # camelCase usage, where spec.limits' count starts.
+    usage: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,8 @@ class StoreClient:
                         agent=data["agent"], user_id=data["userId"],
                         session_id=data["sessionId"], input_digest=data.get("inputDigest"),
                         root_run_uid=data.get("rootRunUid") or data["runUid"],
-                        resume_invocation=data.get("resumeInvocation"))
+                        resume_invocation=data.get("resumeInvocation"),
+                        usage=dict(data.get("usage") or {}))
 
     async def record_invocation(self, invocation_id: str) -> None:
         await self.request("POST", "/v1/attempt/invocation", {"invocationId": invocation_id})
@@ -168,6 +172,18 @@ class StoreClient:
         data = await self.request("POST", "/v1/attempt/outcome",
                                   {"status": status, "reason": reason, "message": message})
         return bool(data.get("recorded"))
+
+    async def report_usage(self, model: str, input_tokens: int, output_tokens: int,
+                           cost_micro_usd: int | None) -> None:
+        """One model call's usage, as the model reported it, and its cost (None: the
+        model has no known price)."""
+        await self.request("POST", "/v1/usage", {
+            "model": model, "inputTokens": input_tokens, "outputTokens": output_tokens,
+            "costMicroUSD": cost_micro_usd})
+
+    async def record_result(self, text: str, parsed: Any = None) -> None:
+        """The agent's final answer, whole (and the parsed object of an output schema)."""
+        await self.request("POST", "/v1/attempt/result", {"text": text, "json": parsed})
 
     async def input(self) -> Snapshot | None:
         data = await self.request("GET", "/v1/input", missing_ok=True)
