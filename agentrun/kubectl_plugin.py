@@ -1,6 +1,7 @@
 """`kubectl agentrun`: replay a run, see which tools it called, and why a replay was decided.
 
     kubectl agentrun replay RUN [--force] [--note TEXT] [--name NAME]
+    kubectl agentrun approve RUN [--deny] [--note TEXT]
     kubectl agentrun tools RUN
     kubectl agentrun why REPLAY
 
@@ -35,12 +36,16 @@ from agentrun.ledger import LedgerEntry
 from agentrun.vocabulary import (
     ANNOTATION_FORCE_REPLAY,
     API_VERSION,
+    APPROVAL_KIND,
+    APPROVAL_PLURAL,
     ENV_DATABASE_URL,
     GROUP,
     REPLAY_KIND,
     REPLAY_PLURAL,
     RUN_PLURAL,
     VERSION,
+    ApprovalDecision,
+    ApprovalPhase,
     LedgerOutcome,
     Phase,
     ReplayPhase,
@@ -99,6 +104,24 @@ class Cluster:
         except ApiException as e:
             raise Failure(api_message(e), REFUSED if e.status in (403, 422) else ERROR) from e
         return dict(created)
+
+    def create(self, plural: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        try:
+            created: Any = self.api.create_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, plural, manifest)
+        except ApiException as e:
+            raise Failure(api_message(e), REFUSED if e.status in (403, 409, 422) else ERROR) \
+                from e
+        return dict(created)
+
+    def whoami(self) -> str:
+        """The current user's name, as the API server authenticates it (SelfSubjectReview)."""
+        review: Any = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        try:
+            done: Any = client.AuthenticationV1Api().create_self_subject_review(review)
+        except ApiException as e:
+            raise Failure(api_message(e)) from e
+        return str(done.status.user_info.username)
 
     def annotate_replay(self, name: str, annotations: dict[str, str]) -> None:
         try:
@@ -217,6 +240,56 @@ def print_decision(replay: dict[str, Any]) -> None:
         print(f"  decided at:     {status['decidedAt']}")
     if spec.get("note"):
         print(f"  note:           {spec['note']}")
+
+
+# -- approve ----------------------------------------------------------------------------------
+
+
+def approve(cluster: Cluster, run: str, *, deny: bool, note: str | None,
+            timeout: float) -> int:
+    """Shows the call `run` waits for, with its arguments, and decides it as the current
+    user: an AgentRunApproval of exactly those arguments (their digest)."""
+    found = cluster.get(RUN_PLURAL, run)
+    if found is None:
+        raise Failure(f"AgentRun {run} does not exist in namespace {cluster.namespace}")
+    status = found.get("status") or {}
+    pending = status.get("pendingApproval")
+    if status.get("phase") != Phase.WAITING or not pending:
+        raise Failure(f"AgentRun {run} waits for no approval: it is "
+                      f"{status.get('phase') or Phase.PENDING}"
+                      + (f" ({status['reason']})" if status.get("reason") else ""),
+                      REFUSED)
+    print(f"AgentRun {run} waits for an approval of {pending['tool']} (call "
+          f"{pending['seq']}, attempt {pending['attempt']}), asked at "
+          f"{pending.get('requestedAt')}, until {pending.get('expiresAt')}:")
+    print(f"  arguments: {pending.get('args')}"
+          + (" ... (cut: the first 1,024 bytes)" if pending.get("argsTruncated") else ""))
+    print(f"  digest:    {pending['argsDigest']}")
+    decision = ApprovalDecision.DENY if deny else ApprovalDecision.APPROVE
+    user = cluster.whoami()
+    spec: dict[str, Any] = {"runName": run, "seq": int(pending["seq"]),
+                            "argsDigest": pending["argsDigest"], "decision": decision,
+                            "approver": user}
+    if note:
+        spec["note"] = note
+    name = f"{run}-call-{pending['seq']}"
+    meta: dict[str, Any] = {"name": name} if cluster.get(APPROVAL_PLURAL, name) is None \
+        else {"generateName": f"{name}-"}
+    made = cluster.create(APPROVAL_PLURAL, {"apiVersion": API_VERSION, "kind": APPROVAL_KIND,
+                                            "metadata": meta, "spec": spec})
+    made_name = made["metadata"]["name"]
+    print(f"agentrunapproval/{made_name} created ({decision} by {user})")
+    began = time.monotonic()
+    while True:
+        judged = cluster.get(APPROVAL_PLURAL, made_name) or {}
+        verdict = judged.get("status") or {}
+        if verdict.get("phase"):
+            print(f"{verdict['phase']} ({verdict.get('reason')}): {verdict.get('message')}")
+            return OK if verdict["phase"] == ApprovalPhase.ACCEPTED else REFUSED
+        if time.monotonic() - began > timeout:
+            raise Failure(f"AgentRunApproval {made_name} was not judged within {timeout:.0f}s; "
+                          "is the agentrun operator running?")
+        time.sleep(0.5)
 
 
 # -- tools ------------------------------------------------------------------------------------
@@ -370,6 +443,14 @@ def parser() -> argparse.ArgumentParser:
                         "ledger published on the settled run, no credential needed)")
     w = sub.add_parser("why", parents=[common], help="a replay's decision and its message")
     w.add_argument("replay")
+    a = sub.add_parser("approve", parents=[common],
+                       help="approve (or --deny) the tool call an AgentRun waits for, as "
+                            "yourself (needs ClusterRole agentrun-approver)")
+    a.add_argument("run", help="the AgentRun that waits")
+    a.add_argument("--deny", action="store_true", help="deny the call: it never runs, and "
+                   "the model is told so")
+    a.add_argument("--note", help="why (a denial's note is what the model is told)")
+    a.add_argument("--timeout", type=float, default=60, help="seconds to wait for the verdict")
     return p
 
 
@@ -382,6 +463,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                           timeout=args.timeout, resume=args.command == "resume")
         if args.command == "tools":
             return tools(cluster, args.run, args.database_url)
+        if args.command == "approve":
+            return approve(cluster, args.run, deny=args.deny, note=args.note,
+                           timeout=args.timeout)
         return why(cluster, args.replay)
     except Failure as e:
         print(str(e), file=sys.stderr)

@@ -74,6 +74,12 @@ Outcome (the final answer and the usage; tool calls are counted from the ledger)
     await run_usage(engine, uid, before_attempt=None) -> Usage     a resume continues
     await usage_changed_since(engine, since) -> set[run uid]
 
+Approvals (a call that waits for a human's decision; decided once)
+    await request_approval(engine, uid, attempt, seq, call_id, tool, args, digest, expires)
+    await pending_approval(engine, uid, attempt=None) -> Approval | None
+    await decide(engine, uid, call_id, decision, approver, note, approval_name) -> bool
+    await approvals_of(engine, uid) -> list[Approval]
+
 Memory (agentrun.store.memory, with google-adk) and samples
     StoreMemoryService(engine, ttl_days=90)            an ADK BaseMemoryService
     await record_side_effect(engine, tool, args, run_name, run_uid, attempt)
@@ -82,6 +88,13 @@ Memory (agentrun.store.memory, with google-adk) and samples
 
 from agentrun.effects import args_digest
 from agentrun.ledger import LedgerEntry
+from agentrun.store.approvals import (
+    Approval,
+    approvals_of,
+    decide,
+    pending_approval,
+    request_approval,
+)
 from agentrun.store.engine import (
     async_url,
     is_durable,
@@ -155,6 +168,7 @@ from agentrun.store.runs import (
 from agentrun.store.sessions import SessionClaim, claim_session, fork_session, session_app
 
 __all__ = [
+    "Approval",
     "Attempt",
     "AttemptIdentity",
     "AttemptSettled",
@@ -177,6 +191,7 @@ __all__ = [
     "add_usage",
     "answer_digest",
     "approval_of_replay_run",
+    "approvals_of",
     "approve_replay",
     "args_digest",
     "async_url",
@@ -185,6 +200,7 @@ __all__ = [
     "check_schema",
     "claim_session",
     "close_call",
+    "decide",
     "delete_input",
     "fork_session",
     "get_attempt",
@@ -204,6 +220,7 @@ __all__ = [
     "migrate",
     "open_call",
     "outbox",
+    "pending_approval",
     "purge_expired_memory",
     "purge_old_events",
     "put_input",
@@ -216,6 +233,7 @@ __all__ = [
     "redact",
     "release_replay",
     "replays_of",
+    "request_approval",
     "run_usage",
     "session_app",
     "session_service_url",

@@ -123,7 +123,8 @@ async def _usage_of(conn: AsyncConnection, uid: str, before: int | None) -> Usag
         func.coalesce(func.sum(usage.c.cost_micro_usd), 0),
         func.count().filter(~usage.c.priced)).where(*where))).one()
     calls = [tool_calls.c.run_uid == uid,
-             or_(tool_calls.c.outcome.is_(None), tool_calls.c.outcome != LedgerOutcome.JOURNAL)]
+             or_(tool_calls.c.outcome.is_(None),
+                 tool_calls.c.outcome.not_in(LedgerOutcome.NOT_RUN))]
     if before is not None:
         calls.append(tool_calls.c.attempt < before)
     tools = (await conn.execute(select(func.count()).where(*calls))).scalar_one()

@@ -59,10 +59,15 @@ def succeeded_condition(
 # (Ready, Reconciling, Stalled) by phase, on both kinds; api.md "Conditions for GitOps tools".
 _GITOPS: Mapping[str, tuple[str, str, bool]] = {
     Phase.PENDING: ("False", "True", False), Phase.RUNNING: ("False", "True", False),
+    # Waiting for a human: not ready, and nothing to reconcile until they decide (kstatus:
+    # InProgress; Argo CD's health check: Suspended).
+    Phase.WAITING: ("False", "False", False),
     Phase.SUCCEEDED: ("True", "False", False),
     Phase.FAILED: ("False", "False", True), Phase.CANCELLED: ("False", "False", True),
     # AgentRunReplay phases.
     "Approved": ("True", "False", False), "Refused": ("False", "False", True),
+    # AgentRunApproval phases.
+    "Accepted": ("True", "False", False), "Rejected": ("False", "False", True),
 }
 GITOPS_TYPES = frozenset({Condition.READY, Condition.RECONCILING, Condition.STALLED})
 
@@ -108,7 +113,8 @@ def live_status(
         "phase": phase, "reason": reason, "message": message, **fields,
         "conditions": [succeeded_condition(phase, reason, message, now, before),
                        *[c for c in before if c.get("type") in (
-                           Condition.TOOLS_EXECUTED, Condition.RESUMABLE, *GITOPS_TYPES)]],
+                           Condition.TOOLS_EXECUTED, Condition.RESUMABLE,
+                           Condition.APPROVAL_PENDING, *GITOPS_TYPES)]],
     }
 
 
@@ -125,7 +131,7 @@ def settled_status(
         "conditions": [succeeded_condition(phase, reason, message, now, before),
                        tools_condition(tools, now, before),
                        *[c for c in before if c.get("type") in (
-                           Condition.RESUMABLE, *GITOPS_TYPES)]],
+                           Condition.RESUMABLE, Condition.APPROVAL_PENDING, *GITOPS_TYPES)]],
     }
 
 
@@ -269,3 +275,10 @@ def usage_status(usage: Any) -> dict[str, Any]:
     if usage.cost_micro_usd is not None:
         shown["costMicroUSD"] = usage.cost_micro_usd
     return shown
+
+
+def approval_condition(pending: bool, reason: str, message: str, now: datetime.datetime,
+                       previous: Mapping[str, Any]) -> dict[str, Any]:
+    """ApprovalPending: True while a call waits for a decision; False once decided."""
+    return _condition(Condition.APPROVAL_PENDING, "True" if pending else "False", reason,
+                      message, now, list(previous.get("conditions") or []))

@@ -28,6 +28,7 @@ from agentrun import effects
 from agentrun.vocabulary import (
     DEFAULT_USER_ID,
     SCRIPTED_MODEL,
+    Approval,
     Reason,
     RunnerEnv,
     RunnerExit,
@@ -35,7 +36,8 @@ from agentrun.vocabulary import (
     Trigger,
 )
 from agentrun_runner import logs
-from agentrun_runner.budget import Budget, BudgetExceeded, Counted, Limits, UsageMeter, unpriced
+from agentrun_runner.approvals import ApprovalRule, AwaitingApproval
+from agentrun_runner.budget import Budget, BudgetExceeded, Counted, Limits, unpriced
 from agentrun_runner.prices import Price, parse_overrides
 from agentrun_runner.store_client import (
     Identity,
@@ -82,6 +84,8 @@ class RunnerConfig:
     allow_scripted_model: bool = False
     # spec.tools: tool name -> effect class, overriding the agent's declarations.
     tool_effects: dict[str, str] = field(default_factory=dict)
+    # spec.tools' approvals: tool name -> whether it waits for a decision, and how long.
+    tool_approvals: dict[str, ApprovalRule] = field(default_factory=dict)
     # spec.limits, and the operator's modelPrices (model -> Price).
     limits: Limits = field(default_factory=Limits)
     model_prices: dict[str, Price] = field(default_factory=dict)
@@ -164,6 +168,7 @@ def parse_config(argv: Sequence[str] | None, environ: dict[str, str]) -> RunnerC
         # Only from the environment the operator sets (last, after the user's env).
         allow_scripted_model=environ.get(RunnerEnv.ALLOW_SCRIPTED_MODEL) == "true",
         tool_effects=_tool_effects(environ.get(RunnerEnv.TOOLS) or ""),
+        tool_approvals=_tool_approvals(environ.get(RunnerEnv.TOOLS) or ""),
         limits=_limits(environ.get(RunnerEnv.LIMITS) or ""),
         model_prices=_prices(environ.get(RunnerEnv.MODEL_PRICES) or ""),
     )
@@ -183,15 +188,33 @@ def _prices(raw: str) -> dict[str, Price]:
         raise UsageError(f"{RunnerEnv.MODEL_PRICES}: {e}") from None
 
 
-def _tool_effects(raw: str) -> dict[str, str]:
-    """spec.tools as the operator passes it (JSON list of {name, effect})."""
+def _tools(raw: str) -> list[dict[str, Any]]:
+    """spec.tools as the operator passes it (JSON list of {name, effect?, approval?,
+    approvalTimeoutSeconds?})."""
     if not raw:
-        return {}
+        return []
     try:
-        return {str(t["name"]): str(t["effect"]) for t in json.loads(raw)}
-    except (ValueError, KeyError, TypeError) as e:
-        raise UsageError(f"{RunnerEnv.TOOLS} must be a JSON list of {{name, effect}}: {e}") \
-            from None
+        tools = json.loads(raw)
+        if not isinstance(tools, list) or not all(isinstance(t, dict) and t.get("name")
+                                                  for t in tools):
+            raise TypeError("each entry needs a name")
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"{RunnerEnv.TOOLS} must be a JSON list of {{name, effect, "
+                         f"approval}}: {e}") from None
+    return tools
+
+
+def _tool_effects(raw: str) -> dict[str, str]:
+    """spec.tools' effect classes, by tool name."""
+    return {str(t["name"]): str(t["effect"]) for t in _tools(raw) if t.get("effect")}
+
+
+def _tool_approvals(raw: str) -> dict[str, ApprovalRule]:
+    """spec.tools' approvals, by tool name (only the tools that say one)."""
+    return {str(t["name"]): ApprovalRule(
+        t["approval"] == Approval.REQUIRED,
+        int(t.get("approvalTimeoutSeconds") or Approval.DEFAULT_TIMEOUT_SECONDS))
+        for t in _tools(raw) if t.get("approval")}
 
 
 @dataclass(frozen=True)
@@ -211,6 +234,8 @@ def classify_failure(error: BaseException) -> Failure:
     for e in causes(error):
         if isinstance(e, BudgetExceeded):
             return Failure(RunnerExit.BUDGET_EXCEEDED, Reason.BUDGET_EXCEEDED, str(e))
+        if isinstance(e, AwaitingApproval):
+            return Failure(RunnerExit.AWAITING_APPROVAL, Reason.AWAITING_APPROVAL, str(e))
         if isinstance(e, RateLimitedAfterToolCall):
             return Failure(
                 RunnerExit.RATE_LIMITED_AFTER_TOOL_CALL, Reason.RATE_LIMITED_AFTER_TOOL_CALL, str(e)
@@ -285,6 +310,7 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
     from agentrun_runner.ledger import WriteAheadLedger
     from agentrun_runner.retries import CallWatch, ModelRetries
     from agentrun_runner.scripted import ScriptedLlm
+    from agentrun_runner.usage import UsageMeter
 
     try:
         me = await client.begin()
@@ -356,7 +382,8 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
                      ModelRetries(models, watch),
                      WriteAheadLedger(client, watch.failures, root_run_uid=me.root_run_uid,
                                       overrides=config.tool_effects, journal=journal,
-                                      budget=budget),
+                                      budget=budget, approvals=config.tool_approvals,
+                                      decisions=me.decisions),
                      CompactionPlugin()],
             # A resumed attempt continues the invocation it resumes: ADK replays its pending
             # function calls (through the ledger: answered from the journal, or run again)

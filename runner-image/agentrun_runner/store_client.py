@@ -71,6 +71,9 @@ class Identity:
     # What the run used before this attempt (a resume continues the count): the store's
     # camelCase usage, where spec.limits' count starts.
     usage: dict[str, Any] = field(default_factory=dict)
+    # The decisions on the run's calls that waited for one, by call id: {decision,
+    # approver, note}.
+    decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,8 @@ class StoreClient:
                         session_id=data["sessionId"], input_digest=data.get("inputDigest"),
                         root_run_uid=data.get("rootRunUid") or data["runUid"],
                         resume_invocation=data.get("resumeInvocation"),
-                        usage=dict(data.get("usage") or {}))
+                        usage=dict(data.get("usage") or {}),
+                        decisions=dict(data.get("decisions") or {}))
 
     async def record_invocation(self, invocation_id: str) -> None:
         await self.request("POST", "/v1/attempt/invocation", {"invocationId": invocation_id})
@@ -180,6 +184,14 @@ class StoreClient:
         await self.request("POST", "/v1/usage", {
             "model": model, "inputTokens": input_tokens, "outputTokens": output_tokens,
             "costMicroUSD": cost_micro_usd})
+
+    async def request_approval(self, seq: int, tool: str, call_id: str,
+                               args: Mapping[str, Any], digest: str,
+                               timeout_seconds: int) -> None:
+        """Writes down that this call waits for a decision (never started)."""
+        await self.request("POST", "/v1/approvals", {
+            "seq": seq, "tool": tool, "callId": call_id, "args": dict(args),
+            "argsDigest": digest, "timeoutSeconds": timeout_seconds})
 
     async def record_result(self, text: str, parsed: Any = None) -> None:
         """The agent's final answer, whole (and the parsed object of an output schema)."""

@@ -121,6 +121,6 @@ def test_a_cost_limit_needs_a_price_for_every_model() -> None:
     assert said is not None and "model scripted has no known price" in said
     assert unpriced(Limits(max_cost_micro_usd=5), ["scripted"], {"scripted": Price(1, 1)}) \
         is None
-    with pytest.raises(ValueError, match="limits.maxTokens must be a non-negative integer"):
+    with pytest.raises(ValueError, match=r"limits\.maxTokens must be a non-negative integer"):
         Limits.parse('{"maxTokens": -1}')
     assert Limits.parse('{"maxModelCalls": 2}') == Limits(max_model_calls=2)
