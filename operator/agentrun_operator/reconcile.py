@@ -794,6 +794,9 @@ async def _wait(ctx: Context, run: Mapping[str, Any], attempt: int, waiting: sto
     await _write(ctx, run, changes)
     events.post(run, Reason.AWAITING_APPROVAL, message)
     _log(run, "awaiting-approval", attempt=attempt, tool=waiting.tool, seq=waiting.seq)
+    # Its runner has exited; its pod goes too (a wait may last a day: nothing of it stays
+    # on a node). The run store keeps what it did.
+    await _stop_pod(ctx, run, attempt)
     return max(0.0, (waiting.expires_at - now()).total_seconds())
 
 
