@@ -100,11 +100,17 @@ RUN_ARGS ?= --allow-scripted-model
 # The run store: DATABASE_URL, else the development cluster's SQLite file in this
 # checkout's .local (not wherever the package happens to be installed).
 RUN_DATABASE_URL ?= $(or $(DATABASE_URL),sqlite:///$(LOCAL)/agentrun.db)
+# The store API it serves speaks TLS: the development cluster's pair, in this checkout's
+# .local (make dev-cluster writes it), unless the environment names another.
+RUN_STORE_API_TLS ?= $(LOCAL)/store-api
 
 .PHONY: run
 run: venv ## run the operator in the foreground against the current kube context
 	@echo "agentrun-operator with KUBECONFIG=$(or $(RUN_KUBECONFIG),~/.kube/config)"
 	KUBECONFIG=$(RUN_KUBECONFIG) DATABASE_URL=$(RUN_DATABASE_URL) \
+		AGENTRUN_STORE_API_TLS_CERT_FILE=$${AGENTRUN_STORE_API_TLS_CERT_FILE:-$(RUN_STORE_API_TLS)/tls.crt} \
+		AGENTRUN_STORE_API_TLS_KEY_FILE=$${AGENTRUN_STORE_API_TLS_KEY_FILE:-$(RUN_STORE_API_TLS)/tls.key} \
+		AGENTRUN_STORE_API_CA_FILE=$${AGENTRUN_STORE_API_CA_FILE:-$(RUN_STORE_API_TLS)/ca.crt} \
 		$(VENV)/bin/agentrun-operator $(RUN_ARGS)
 
 .PHONY: deploy
@@ -147,8 +153,9 @@ comma := ,
 BENCH_OUT := $(if $(BENCH_QUICK),--out -)
 
 .PHONY: bench
-bench: venv controlplane ## benchmarks: ledger cost; eviction latency idle and under load, throughput beside the Job controller; the operator at rest at scale; resume
+bench: venv controlplane ## benchmarks: ledger cost; a tenant's ledger writes while another floods the store API; eviction latency idle and under load, throughput beside the Job controller; the operator at rest at scale; resume
 	$(PY) bench/ledger.py
+	$(PY) bench/store_flood.py $(BENCH_OUT)
 	$(PY) bench/eviction.py --trials $(BENCH_TRIALS) $(BENCH_OUT)
 	$(PY) bench/eviction.py --trials $(BENCH_TRIALS) --background $(BENCH_BACKGROUND) $(BENCH_OUT)
 	$(PY) bench/throughput.py --n $(BENCH_N) $(BENCH_OUT)

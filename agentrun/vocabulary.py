@@ -51,9 +51,11 @@ class Reason:
     DEADLINE_EXCEEDED: Final = "DeadlineExceeded"
     RATE_LIMITED_AFTER_TOOL_CALL: Final = "RateLimitedAfterToolCall"
     AGENT_ERROR: Final = "AgentError"
+    # The agent spent what it was allowed (tokens, money, model calls) and stopped.
     BUDGET_EXCEEDED: Final = "BudgetExceeded"
     # spec.limits sets maxCostMicroUSD and a model of the run has no known price.
     PRICE_UNKNOWN: Final = "PriceUnknown"
+    # The agent stopped to wait for a human's approval of its next step.
     AWAITING_APPROVAL: Final = "AwaitingApproval"
     STALE: Final = "Stale"
     # Refused at launch, before any pod: no tool can have run (toolsExecuted []).
@@ -76,8 +78,10 @@ class Reason:
     SUCCEEDED: Final = "Succeeded"
     CANCELLED: Final = "Cancelled"
 
-    # The failure reasons a runner may report for its own attempt (the store API refuses
-    # any other): every reason that would say "nothing ran" is the operator's alone.
+    # The only failure reasons a runner may report (the store API refuses any other): what
+    # the agent itself ran into. Every other reason is an observation of the operator (or of
+    # the store API, InputUnavailable), made where the runner cannot write it, because many
+    # mean "nothing ran" and a runner must not be able to say that of itself.
     RUNNER_REPORTED: Final = frozenset({AGENT_ERROR, RATE_LIMITED_AFTER_TOOL_CALL,
                                         BUDGET_EXCEEDED, PRICE_UNKNOWN, AWAITING_APPROVAL})
     # What an attempt's recorded outcome may say: the runner's reasons, and the store API's

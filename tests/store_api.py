@@ -46,7 +46,8 @@ _names = itertools.count(1)
 class StoreAPIProcess:
     """`agentrun-store-api` on a free loopback port, for one store."""
 
-    def __init__(self, plane: ControlPlane, database_url: str, log_path: Path) -> None:
+    def __init__(self, plane: ControlPlane, database_url: str, log_path: Path, *,
+                 metrics_port: int = 0) -> None:
         tls = plane.store_api_tls
         assert tls is not None
         TRUST.load_verify_locations(cafile=str(tls.ca))
@@ -54,8 +55,9 @@ class StoreAPIProcess:
             "store-api",
             [str(Path(sys.executable).parent / "agentrun-store-api"), "--listen",
              "127.0.0.1:0", "--database-url", database_url, "--tls-cert-file", str(tls.cert),
-             "--tls-private-key-file", str(tls.key)],
+             "--tls-private-key-file", str(tls.key), f"--metrics-port={metrics_port}"],
             log_path, env={**os.environ, "KUBECONFIG": str(plane.operator_kubeconfig)})
+        self.log_path, self.metrics_port = log_path, metrics_port
         self.url = ""
 
         def listening() -> bool:
@@ -83,6 +85,19 @@ class StoreAPIProcess:
 
     def stop(self) -> None:
         self.child.stop()
+
+    def metric(self, sample: str, **labels: str) -> float:
+        """One sample of its /metrics (0 when it was never written)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == sample and s.labels == labels:
+                    return float(s.value)
+        return 0.0
 
 
 @dataclass

@@ -39,13 +39,17 @@ Runs and attempts (status: vocabulary.RunStatus)
     await get_run(engine, uid) -> Run | None
     await get_attempt(engine, uid, attempt) -> Attempt | None
     await attempt_identity(engine, uid, attempt) -> AttemptIdentity | None   store API
+    await attempt_status(engine, uid, attempt) -> str | None      store API: still live?
+    await attempt_usage(engine, uid, attempt) -> AttemptUsage     store API: its quotas
 
 Tools
     await tools_executed(engine, uid, attempt) -> list[str] | None
         the ledger and the attempt's session function calls, in call order; None = unknown
     await ledger(engine, uid) -> list[LedgerEntry]     by attempt, then call order
-    await open_call(...) / close_call(...) -> bool     the runner's write-ahead ledger
-        (close_call closes only an open row: a finished one is never rewritten)
+    await open_call(..., closes=[CallClose]) -> closed seqs / close_call(...) -> bool
+                                                       the runner's write-ahead ledger
+        (close_call closes only an open row: a finished one is never rewritten; both
+        raise AttemptSettled once the operator settled the attempt)
 
 Replays (approved AgentRunReplays; at most one non-forced approval per run, atomically)
     await approve_replay(engine, uid=, namespace=, name=, run_uid=, run_name=, forced=,
@@ -112,6 +116,7 @@ from agentrun.store.inputs import (
 )
 from agentrun.store.ledger import (
     AttemptSettled,
+    CallClose,
     JournalEntry,
     close_call,
     journal,
@@ -152,6 +157,7 @@ from agentrun.store.runs import (
     RunNotRecorded,
     Settled,
     attempt_identity,
+    attempt_status,
     begin_attempt,
     get_attempt,
     get_outcome,
@@ -166,12 +172,15 @@ from agentrun.store.runs import (
     start_attempt,
 )
 from agentrun.store.sessions import SessionClaim, claim_session, fork_session, session_app
+from agentrun.store.usage import AttemptUsage, attempt_usage
 
 __all__ = [
     "Approval",
     "Attempt",
     "AttemptIdentity",
     "AttemptSettled",
+    "AttemptUsage",
+    "CallClose",
     "Claim",
     "Input",
     "InvocationRecorded",
@@ -196,6 +205,8 @@ __all__ = [
     "args_digest",
     "async_url",
     "attempt_identity",
+    "attempt_status",
+    "attempt_usage",
     "begin_attempt",
     "check_schema",
     "claim_session",

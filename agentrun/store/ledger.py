@@ -7,12 +7,12 @@ runs) it answers the one question a replay needs: did this attempt touch the wor
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import exists, or_, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -25,6 +25,19 @@ from agentrun.vocabulary import LedgerOutcome, RunStatus
 class AttemptSettled(RuntimeError):
     """The operator already settled this attempt: no tool may start in it any more."""
 
+    def __init__(self, message: str, status: str) -> None:
+        super().__init__(message)
+        self.status = status  # how it was settled (vocabulary.RunStatus)
+
+
+@dataclass(frozen=True)
+class CallClose:
+    """The end of an earlier call of the attempt, carried by the next call's open."""
+
+    seq: int
+    outcome: str  # vocabulary.LedgerOutcome
+    result: Any = None
+
 
 async def open_call(
     engine: AsyncEngine,
@@ -36,18 +49,33 @@ async def open_call(
     digest: str,
     effect: str | None = None,
     idempotency_key: str | None = None,
-) -> None:
+    closes: Sequence[CallClose] = (),
+) -> list[int]:
     """Inserts and commits the ledger row of a call that is about to run. Raises if the
     row could not be committed: the caller must then not run the tool (fail closed).
+
+    `closes`, ends of earlier calls of the attempt, are written in the same transaction
+    (one commit for a tool call's open and its predecessor's close), each only if its row
+    is still open; returns the seqs it closed.
 
     The ledger is also a fence: once the operator has settled the attempt (the pod was
     evicted, deleted, its node lost...), a runner that is still alive for its grace
     period may not start another tool, or the toolsExecuted the operator reported would
     be incomplete. The row goes in first, then the attempt's status is read under a
     share lock: a concurrent `settle_counting` either sees this row, or this call sees
-    the attempt settled and rolls back (AttemptSettled).
+    the attempt settled and rolls back (AttemptSettled), its closes with it.
     """
+    closed: list[int] = []
     async with engine.begin() as conn:
+        for close in closes:
+            done = await conn.execute(
+                update(tool_calls)
+                .where(tool_calls.c.run_uid == uid, tool_calls.c.attempt == attempt,
+                       tool_calls.c.seq == close.seq, tool_calls.c.finished_at.is_(None))
+                .values(finished_at=datetime.now(UTC), outcome=close.outcome,
+                        result=close.result))
+            if done.rowcount == 1:
+                closed.append(close.seq)
         await conn.execute(
             tool_calls.insert().values(
                 run_uid=uid, attempt=attempt, seq=seq, tool=tool, call_id=call_id,
@@ -66,8 +94,9 @@ async def open_call(
             await conn.rollback()
             raise AttemptSettled(
                 f"attempt {attempt} of run {uid} was already settled ({status}) by the "
-                f"operator; {tool} was not started"
+                f"operator; {tool} was not started", status
             )
+    return closed
 
 
 async def close_call(engine: AsyncEngine, uid: str, attempt: int, seq: int, outcome: str,
@@ -75,7 +104,18 @@ async def close_call(engine: AsyncEngine, uid: str, attempt: int, seq: int, outc
     """Marks an open ledger row finished with its outcome (vocabulary.LedgerOutcome).
 
     Only an open row: a finished one is never rewritten. Returns whether a row was closed.
+
+    Fenced as `open_call` is, in the same statement: the row is closed only while the
+    attempt is live, its status read under a share lock, so a concurrent `settle_counting`
+    either counts the call closed or sees this close refused (AttemptSettled). What the
+    operator counted at settle time is what the ledger says afterwards.
     """
+    live = (
+        select(attempts.c.run_uid)
+        .where(attempts.c.run_uid == uid, attempts.c.attempt == attempt,
+               attempts.c.status.in_(RunStatus.LIVE))
+        .with_for_update(read=True)
+    )
     async with engine.begin() as conn:
         done = await conn.execute(
             update(tool_calls)
@@ -84,10 +124,25 @@ async def close_call(engine: AsyncEngine, uid: str, attempt: int, seq: int, outc
                 tool_calls.c.attempt == attempt,
                 tool_calls.c.seq == seq,
                 tool_calls.c.finished_at.is_(None),
+                exists(live),
             )
             .values(finished_at=datetime.now(UTC), outcome=outcome, result=result)
         )
-    return done.rowcount == 1
+        if done.rowcount == 1:
+            return True
+        # Why not: only on this path, so that a close that lands costs one statement.
+        status = (
+            await conn.execute(
+                select(attempts.c.status)
+                .where(attempts.c.run_uid == uid, attempts.c.attempt == attempt)
+            )
+        ).scalar_one_or_none()
+    if status is not None and status not in RunStatus.LIVE:
+        raise AttemptSettled(
+            f"attempt {attempt} of run {uid} was already settled ({status}) by the "
+            f"operator; call {seq} stays as the operator counted it", status
+        )
+    return False
 
 
 async def ledger(engine: AsyncEngine, uid: str) -> list[LedgerEntry]:

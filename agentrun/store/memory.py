@@ -44,6 +44,13 @@ def keywords(query: str) -> list[str]:
     return list(seen)
 
 
+def memory_entries(events: Sequence[Event]) -> list[tuple[str | None, str]]:
+    """(author, text) of each event memory keeps: its text parts, thoughts left out;
+    events without text keep nothing."""
+    found = [(event.author, _text_of(event.content)) for event in events]
+    return [(author, text) for author, text in found if text]
+
+
 def _text_of(content: types.Content | None) -> str:
     if content is None or not content.parts:
         return ""
@@ -58,19 +65,23 @@ class StoreMemoryService(BaseMemoryService):
     """ADK memory in the run store. ADK's app_name is our agent; user_id is spec.userId.
 
     A memory written for (agent, user) is only ever returned to that same agent and user.
+    A search looks for at most `max_words` keywords (one LIKE each), the first ones.
     """
 
-    def __init__(self, engine: AsyncEngine, ttl_days: int = DEFAULT_MEMORY_TTL_DAYS) -> None:
+    def __init__(self, engine: AsyncEngine, ttl_days: int = DEFAULT_MEMORY_TTL_DAYS,
+                 max_words: int = 64) -> None:
         self._engine = engine
         self._ttl = timedelta(days=ttl_days)
+        self._max_words = max_words
 
-    async def _insert(
+    async def add_entries(
         self,
         app_name: str,
         user_id: str,
         session_id: str | None,
         entries: Sequence[tuple[str | None, str]],
     ) -> None:
+        """Stores (author, text) entries for (app, user), expiring after the TTL."""
         entries = [(author, text) for author, text in entries if text]
         if not entries:
             return
@@ -103,10 +114,7 @@ class StoreMemoryService(BaseMemoryService):
         session_id: str | None = None,
         custom_metadata: Mapping[str, object] | None = None,
     ) -> None:
-        await self._insert(
-            app_name, user_id, session_id,
-            [(event.author, _text_of(event.content)) for event in events],
-        )
+        await self.add_entries(app_name, user_id, session_id, memory_entries(events))
 
     async def add_memory(
         self,
@@ -116,14 +124,14 @@ class StoreMemoryService(BaseMemoryService):
         memories: Sequence[MemoryEntry],
         custom_metadata: Mapping[str, object] | None = None,
     ) -> None:
-        await self._insert(
+        await self.add_entries(
             app_name, user_id, None, [(m.author, _text_of(m.content)) for m in memories]
         )
 
     async def search_memory(
         self, *, app_name: str, user_id: str, query: str
     ) -> SearchMemoryResponse:
-        words = keywords(query)
+        words = keywords(query)[:self._max_words]
         if not words:
             return SearchMemoryResponse()
         lowered = func.lower(memory.c.text)

@@ -41,7 +41,14 @@ def _process_lock() -> asyncio.Lock:
 
 
 class StoreNotReady(RuntimeError):
-    """The store is reachable but not migrated to the schema this code expects."""
+    """The store is reachable but not migrated to the schema this code expects.
+
+    `said` is the same without where the store is, for those who may not know that
+    (the store API tells runners)."""
+
+    def __init__(self, message: str, said: str = "") -> None:
+        super().__init__(message)
+        self.said = said or message
 
 
 def _config() -> Config:
@@ -126,10 +133,10 @@ async def check_schema(engine: AsyncEngine) -> None:
         current = await conn.run_sync(_current_revision)
     head = head_revision()
     if current is None:
-        raise StoreNotReady(
-            f"the run store at {redact(str(engine.url))} has no agentrun tables: the operator "
-            "creates them at start-up (agentrun.store.migrate); start it first"
-        )
+        why = ("has no agentrun tables: the operator creates them at start-up "
+               "(agentrun.store.migrate); start it first")
+        raise StoreNotReady(f"the run store at {redact(str(engine.url))} {why}",
+                            f"the run store {why}")
     if current != head:
         raise StoreNotReady(
             f"the run store is at schema revision {current}, this runner expects {head}: "

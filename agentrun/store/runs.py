@@ -439,6 +439,15 @@ async def get_run(engine: AsyncEngine, uid: str) -> Run | None:
     return None if row is None else _run(row)
 
 
+async def attempt_status(engine: AsyncEngine, uid: str, attempt: int) -> str | None:
+    """The attempt's status (vocabulary.RunStatus), None when it was never written: the
+    store API's liveness check, one primary-key read."""
+    async with engine.connect() as conn:
+        return (await conn.execute(
+            select(attempts.c.status).where(*_attempt_key(uid, attempt))
+        )).scalar_one_or_none()
+
+
 async def get_attempt(engine: AsyncEngine, uid: str, attempt: int) -> Attempt | None:
     async with engine.connect() as conn:
         result = await conn.execute(select(attempts).where(*_attempt_key(uid, attempt)))
@@ -448,8 +457,8 @@ async def get_attempt(engine: AsyncEngine, uid: str, attempt: int) -> Attempt | 
 
 @dataclass(frozen=True)
 class AttemptIdentity:
-    """Who an attempt is, for the store API: its run, its pod and session, and whether it
-    is still live (one read per runner request)."""
+    """Who an attempt is, for the store API: its run, its pod and session (none of which
+    changes once the operator wrote the attempt down), and its status when read."""
 
     namespace: str
     run_name: str

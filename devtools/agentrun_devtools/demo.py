@@ -171,11 +171,15 @@ class Demo:
                 say(f"operator already running (pid {pid}, log {log})")
                 return
         env = {**self.env, "KUBECONFIG": str(self.paths.operator_kubeconfig)}
+        tls = self.paths.store_api_tls  # the store API's pair, which `up` wrote there
         with open(log, "w") as out:
             # The demo's runs use the scripted model, which the operator honours only
             # when told to (the chart leaves it off).
             process = subprocess.Popen(
-                [str(VENV_BIN / "agentrun-operator"), "--allow-scripted-model"], stdout=out,
+                [str(VENV_BIN / "agentrun-operator"), "--allow-scripted-model",
+                 f"--store-api-tls-cert-file={tls / 'tls.crt'}",
+                 f"--store-api-tls-key-file={tls / 'tls.key'}",
+                 f"--store-api-ca-file={tls / 'ca.crt'}"], stdout=out,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True)
         pid_file.write_text(str(process.pid))

@@ -3,6 +3,13 @@
 Before each tool runs, its ledger row is inserted AND committed; only then does the tool
 run. If that insert fails the tool does not run and the run fails (fail closed): a tool
 call we cannot record is a call we could later repeat without knowing.
+
+After the tool, its row is closed (ok or error, with the result) on the way: the tool's
+answer goes back to the model without waiting for the close. The close rides on the next
+call's open, one commit for both, when that comes within CLOSE_WAIT_SECONDS (an agent
+calling tools one after the other); otherwise it goes alone. A close that never lands
+leaves the call "called, never answered", in doubt, which is the cautious reading; the
+runner flushes every close before it reports the outcome (`flush`).
 """
 
 from __future__ import annotations
@@ -29,6 +36,12 @@ from agentrun_runner.approvals import ApprovalRule, AwaitingApproval, denial
 from agentrun_runner.budget import Budget, BudgetExceeded
 from agentrun_runner.store_client import StoreClient
 
+# How long a close waits for the next call's open to carry it before it goes alone: a
+# scripted or fast agent calls its next tool sooner; a model that thinks takes seconds.
+CLOSE_WAIT_SECONDS = 0.25
+# What an open may carry (the store API's limits.CLOSES_PER_OPEN, CARRIED_RESULT_BYTES).
+CLOSES_PER_OPEN = 8
+CARRIED_RESULT_BYTES = 16 * 1024
 if TYPE_CHECKING:
     from google.adk.agents.invocation_context import InvocationContext
     from google.adk.tools.tool_context import ToolContext
@@ -76,6 +89,11 @@ class WriteAheadLedger(BasePlugin):
         self._decisions = dict(decisions or {})
         self._seq = itertools.count(1)
         self._open: dict[int, int] = {}  # id(tool_context) -> seq
+        # Closes not sent yet (seq -> tool, outcome, result), for the next open to carry;
+        # the tasks that send them alone if none comes, and the closes being sent.
+        self._pending: dict[int, tuple[str, str, Any]] = {}
+        self._waiting: set[asyncio.Task[None]] = set()
+        self._closing: set[asyncio.Task[bool]] = set()
 
     async def before_run_callback(
         self, *, invocation_context: InvocationContext
@@ -98,8 +116,8 @@ class WriteAheadLedger(BasePlugin):
             # It ran in the attempt we resume and its response never reached the session:
             # answer it from the journal, do not run it again. Noted on the ledger as such.
             try:
-                await self._client.open_call(seq, tool.name, call_id,
-                                             effects.args_digest(tool_args), effect, key)
+                await self._open_call(seq, tool.name, call_id,
+                                      effects.args_digest(tool_args), effect, key)
                 await self._client.close_call(seq, LedgerOutcome.JOURNAL,
                                               recorded.get("result"))
             except Exception as e:
@@ -129,8 +147,8 @@ class WriteAheadLedger(BasePlugin):
                 self._failures.append(e)
                 raise
         try:
-            await self._client.open_call(seq, tool.name, call_id,
-                                         effects.args_digest(tool_args), effect, key)
+            await self._open_call(seq, tool.name, call_id, effects.args_digest(tool_args),
+                                  effect, key)
         except asyncio.CancelledError:
             raise
         except BaseException as e:
@@ -179,8 +197,8 @@ class WriteAheadLedger(BasePlugin):
         """A denied call: on the ledger as denied, never run; the model is told."""
         told = denial(str(decided.get("approver") or "?"), decided.get("note"))
         try:
-            await self._client.open_call(seq, tool.name, call_id,
-                                         effects.args_digest(tool_args), effect, key)
+            await self._open_call(seq, tool.name, call_id, effects.args_digest(tool_args),
+                                  effect, key)
             await self._client.close_call(seq, LedgerOutcome.DENIED, told)
         except Exception as e:
             failure = LedgerWriteFailed(tool.name, e)
@@ -190,22 +208,75 @@ class WriteAheadLedger(BasePlugin):
                   approver=decided.get("approver"))
         return told
 
+    async def _open_call(self, seq: int, tool: str, call_id: str | None, digest: str,
+                         effect: str, key: str | None) -> None:
+        """The open, carrying the closes still waiting (those it did not close go alone)."""
+        carried = [(s, *self._pending.pop(s)) for s in list(self._pending)[:CLOSES_PER_OPEN]]
+        try:
+            closed = set(await self._client.open_call(
+                seq, tool, call_id, digest, effect, key,
+                closes=[(s, outcome, result) for s, _, outcome, result in carried]))
+        except BaseException:
+            for s, name, outcome, result in carried:
+                self._send_alone(s, name, outcome, result)
+            raise
+        for s, name, outcome, result in carried:
+            if s not in closed:  # not open any more, as far as the store knows: it says why
+                self._send_alone(s, name, outcome, result)
+
     async def _close(self, tool: BaseTool, tool_context: ToolContext, outcome: str,
                      result: Any) -> None:
         seq = self._open.pop(id(tool_context), None)
         if seq is None:
             return
         logs.info("tool.end", tool=tool.name, seq=seq, outcome=outcome)
+        # The result is journalled as JSON (what a resume answers the call with), as it
+        # is now: the tool's result object may change once the model has it.
+        journalled = json.loads(json.dumps(result, default=str))
+        if os.environ.get(ENV_TEST_CRASH_AFTER_CLOSE) == tool.name:
+            # Test hook: finished on the ledger, never in the session (so not on the way;
+            # the earlier calls' closes land first, as they would have before it).
+            await self.flush()
+            if await self._send_close(tool.name, seq, outcome, journalled):
+                os._exit(137)
+            return
+        if len(json.dumps(journalled)) > CARRIED_RESULT_BYTES:
+            self._send_alone(seq, tool.name, outcome, journalled)
+            return
+        self._pending[seq] = (tool.name, outcome, journalled)
+        waiting = asyncio.create_task(self._unless_carried(seq))
+        self._waiting.add(waiting)
+        waiting.add_done_callback(self._waiting.discard)
+
+    async def _unless_carried(self, seq: int) -> None:
+        await asyncio.sleep(CLOSE_WAIT_SECONDS)
+        if seq in self._pending:
+            self._send_alone(seq, *self._pending.pop(seq))
+
+    def _send_alone(self, seq: int, tool: str, outcome: str, result: Any) -> None:
+        task = asyncio.create_task(self._send_close(tool, seq, outcome, result))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _send_close(self, tool: str, seq: int, outcome: str, result: Any) -> bool:
         try:
-            # The result is journalled as JSON (what a resume answers the call with).
-            await self._client.close_call(seq, outcome, json.loads(json.dumps(
-                result, default=str)))
-            if os.environ.get(ENV_TEST_CRASH_AFTER_CLOSE) == tool.name:
-                os._exit(137)  # test hook: finished on the ledger, never in the session
+            await self._client.close_call(seq, outcome, result)
+            return True
         except Exception as e:
             # The call itself is recorded; a missing finish only reads as "never answered".
-            logs.warning("ledger.close_failed", tool=tool.name, seq=seq,
+            logs.warning("ledger.close_failed", tool=tool, seq=seq,
                          error=f"{type(e).__name__}: {e}")
+            return False
+
+    async def flush(self) -> None:
+        """Sends every close still waiting, and waits for all of them to land (each logs
+        its own failure)."""
+        for waiting in list(self._waiting):
+            waiting.cancel()
+        for seq in list(self._pending):
+            self._send_alone(seq, *self._pending.pop(seq))
+        while self._closing:
+            await asyncio.gather(*list(self._closing), return_exceptions=True)
 
     async def after_tool_callback(
         self,

@@ -327,12 +327,12 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
 
     snapshot = await client.input()
     if snapshot is None:
+        # Not reported: the store API recorded InputUnavailable itself when it found no
+        # snapshot (a runner may not say of itself that nothing ran).
         message = (
             f"The input snapshot {me.input_digest or config.input_digest} is not in the run "
             "store, so the agent was not started; no tool was called."
         )
-        await _report(client, Failure(
-            RunnerExit.INPUT_UNAVAILABLE, Reason.INPUT_UNAVAILABLE, message))
         return _refuse(RunnerExit.INPUT_UNAVAILABLE, "input.unavailable", message)
 
     try:
@@ -373,18 +373,16 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
     sessions = StoreSessionService(client)
     memory = StoreMemoryService(client)
     journal = await client.journal() if me.resume_invocation else {}
+    ledger = WriteAheadLedger(client, watch.failures, root_run_uid=me.root_run_uid,
+                              overrides=config.tool_effects, journal=journal, budget=budget,
+                              approvals=config.tool_approvals, decisions=me.decisions)
     runner = Runner(
         app=App(
             name=config.agent,
             root_agent=root_agent,
             # The budget first: a call past a limit is refused before anything records it.
             plugins=[UsageMeter(budget, client, models, watch.failures),
-                     ModelRetries(models, watch),
-                     WriteAheadLedger(client, watch.failures, root_run_uid=me.root_run_uid,
-                                      overrides=config.tool_effects, journal=journal,
-                                      budget=budget, approvals=config.tool_approvals,
-                                      decisions=me.decisions),
-                     CompactionPlugin()],
+                     ModelRetries(models, watch), ledger, CompactionPlugin()],
             # A resumed attempt continues the invocation it resumes: ADK replays its pending
             # function calls (through the ledger: answered from the journal, or run again)
             # and asks the model only for what comes after the recorded responses.
@@ -440,9 +438,12 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
         failure = classify_failure(e)
         logs.error("agent.failed", reason=failure.reason, message=failure.message,
                    error=f"{type(e).__name__}: {e}")
+        # The calls' closes still on their way land before the outcome is reported.
+        await ledger.flush()
         await _report(client, failure)
         return failure.code
     finally:
+        await ledger.flush()
         await runner.close()
 
     await _remember(sessions, memory, config.agent, me, invocation_id)

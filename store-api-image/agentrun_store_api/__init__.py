@@ -23,8 +23,12 @@ The modules, by concern:
 
 - `auth`: from a request's token to the one live attempt it speaks for (TokenReview,
   the pod, the store), or a refusal;
-- `routes`: what a runner may do, one handler per route, and the table of routes;
-- `limits`: every number that bounds what one runner may ask (pool, caches, bodies);
+- `routes`: what a runner may do, one handler per route, and the table of routes; what a
+  runner may say (its outcome's reason, a call answered from the journal);
+- `limits`: every number that bounds what one runner may ask (pool, caches, bodies,
+  quotas), with its reason;
+- `quotas`: what one attempt has written and may still write, and its turn at the store;
+- `refusal`: a request refused, as the runner is told (a status and one sentence);
 - `app`: the aiohttp application, and `serve()`, which the operator also calls to serve
   the store API in its own process on the development cluster (`--store-api-listen`);
 - `main`: the program `agentrun-store-api` (the chart's own Deployment);

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -17,11 +18,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import store
 from agentrun.vocabulary import STORE_AUDIENCE
-from agentrun_store_api import metrics
+from agentrun_store_api import limits, metrics
 from agentrun_store_api.auth import Authority, Caller
-from agentrun_store_api.limits import MAX_BODY
+from agentrun_store_api.quotas import Quotas
 from agentrun_store_api.refusal import Refused
-from agentrun_store_api.routes import ROUTES, Route, Routes
+from agentrun_store_api.routes import ROUTES, Route, Routes, too_large
 from agentrun_store_api.tls import ServingCertificate
 
 log = logging.getLogger("agentrun.store_api")
@@ -31,7 +32,8 @@ Handler = Callable[[web.Request, Caller], Awaitable[Any]]
 
 @dataclass
 class Readiness:
-    """Whether the store is at the schema this code knows; why not, if not."""
+    """Whether the store is at the schema this code knows; why not, if not (in words a
+    runner may read: the details, hosts included, go to the log)."""
 
     ready: bool = True
     why: str = ""
@@ -45,37 +47,60 @@ class Readiness:
                 self.ready, self.why = True, ""
                 log.info("event=store-ready")
                 return
+            except store.StoreNotReady as e:
+                self.why = e.said
+                log.warning("event=store-not-ready error=%r", e)
             except Exception as e:
-                self.why = f"the run store is not ready: {e}"
+                self.why = "the run store cannot be reached by the store API yet"
                 log.warning("event=store-not-ready error=%r", e)
             await asyncio.sleep(interval)
 
 
-def _serving(route: Route, authority: Authority, readiness: Readiness,
+def _answer(status: int, body: Any) -> web.Response:
+    return web.json_response(body, status=status, dumps=_dumps)
+
+
+def _serving(route: Route, authority: Authority, quotas: Quotas, readiness: Readiness,
              handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """`handler` behind authentication and the store's readiness."""
+    """`handler` behind its body limit, the store's readiness, authentication, and the
+    attempt's turn at the store; every answer it gives a runner is ours to word."""
+    limit = limits.BODY_BYTES[route.name]
+
     async def serve(request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
         caller: Caller | None = None
         try:
+            declared = request.content_length
+            if declared is not None and declared > limit:
+                # Before the token: a body too large is refused unread, whoever sends it.
+                raise too_large(route.name, limit, declared)
             if not readiness.ready:
                 raise Refused(503, readiness.why or "the run store is not ready")
             caller = await authority.caller(request)
-            result = await handler(request, caller)
-            response: web.StreamResponse = web.json_response(
-                {} if result is None else result, dumps=_dumps)
+            async with quotas.turn(caller):
+                if route.takes is not None:
+                    await quotas.check(caller, route.takes)
+                if not route.fenced:
+                    await authority.check_live(caller)
+                result = await handler(request, caller)
+            response = _answer(200, {} if result is None else result)
+        except store.AttemptSettled as e:  # a fenced write found the attempt settled
+            assert caller is not None
+            quotas.forget(caller)
+            response = _refused(route, authority.settled(caller, e.status), caller)
         except Refused as e:
-            response = web.json_response({"error": e.message}, status=e.status)
-            log.info("event=refused route=%s status=%s run=%s message=%r", route.name,
-                     e.status, caller.run_name if caller else "-", e.message)
-        except json.JSONDecodeError as e:
-            response = web.json_response({"error": f"the body is not JSON: {e}"}, status=400)
+            response = _refused(route, e, caller)
         except Exception as e:  # the store may be down: say so, the runner decides
-            log.exception("event=store-api-failed route=%s", route.name)
+            # The runner is told which route and a reference, never the error itself: it
+            # may hold SQL, parameters or the database's host. The log has it all.
+            ref = secrets.token_hex(4)
+            log.error("event=store-api-failed route=%s ref=%s run=%s error=%r", route.name,
+                      ref, _run_of(caller), e, exc_info=e)
             metrics.STORE_API_ERRORS.labels(route.name).inc()
-            response = web.json_response(
-                {"error": f"the run store could not serve {request.path}: "
-                          f"{type(e).__name__}: {e}"}, status=503)
+            metrics.REFUSALS.labels(route.name, "503").inc()
+            response = _answer(503, {"error": f"the run store could not serve {route.method} "
+                                              f"{route.path} (error {ref} in the store API's "
+                                              "log); retry"})
         elapsed = time.perf_counter() - started
         if route.ledger:
             metrics.LEDGER_WRITE_DURATION.labels(route.ledger, str(response.status)).observe(
@@ -86,6 +111,17 @@ def _serving(route: Route, authority: Authority, readiness: Readiness,
     return serve
 
 
+def _refused(route: Route, refusal: Refused, caller: Caller | None) -> web.Response:
+    metrics.REFUSALS.labels(route.name, str(refusal.status)).inc()
+    log.info("event=refused route=%s status=%s run=%s message=%r", route.name,
+             refusal.status, _run_of(caller), refusal.message)
+    return _answer(refusal.status, {"error": refusal.message})
+
+
+def _run_of(caller: Caller | None) -> str:
+    return f"{caller.namespace}/{caller.run_name}" if caller else "-"
+
+
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), default=str)
 
@@ -94,7 +130,7 @@ def application(authority: Authority, routes: Routes,
                 readiness: Readiness | None = None) -> web.Application:
     """The store API's routes (routes.ROUTES), each behind authentication and readiness,
     and its two probes."""
-    app = web.Application(client_max_size=MAX_BODY)
+    app = web.Application(client_max_size=limits.MAX_BODY)
     ready = readiness or Readiness()
 
     async def healthz(_: web.Request) -> web.Response:
@@ -111,7 +147,8 @@ def application(authority: Authority, routes: Routes,
     app.router.add_get("/livez", livez)
     for route in ROUTES:
         app.router.add_route(route.method, route.path, _serving(
-            route, authority, ready, getattr(routes, route.name)))
+            route, authority, routes.quotas, ready, getattr(routes, route.name)),
+            name=route.name)
     return app
 
 
@@ -151,7 +188,8 @@ async def serve(listen: str, engine: AsyncEngine, api: client.ApiClient, *,
     if check_schema:
         readiness.ready, readiness.why = False, "the run store has not been checked yet"
         waiting = asyncio.create_task(readiness.wait_for_schema(engine))
-    app = application(Authority(api, engine, audience, namespaces), Routes(engine), readiness)
+    app = application(Authority(api, engine, audience, namespaces),
+                      Routes(engine, Quotas(engine)), readiness)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=tls.context)

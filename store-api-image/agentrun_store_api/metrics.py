@@ -28,6 +28,18 @@ STORE_API_ERRORS = Counter(
     "Store API requests the run store failed (answered 503), by route.",
     ["route"],
 )
+REFUSALS = Counter(
+    "agentrun_store_api_refusals_total",
+    "Store API requests refused, by route and HTTP code (401/403: the token; 400/404/409: "
+    "the request; 413: too large; 429: over a limit of the attempt; 503: not now).",
+    ["route", "code"],
+)
+TOKEN_REVIEWS = Counter(
+    "agentrun_store_api_token_reviews_total",
+    "TokenReviews the store API asked the Kubernetes API server for, by result "
+    "(authenticated, refused, failed); refused tokens are then answered from memory.",
+    ["result"],
+)
 
 
 def serve(port: int) -> None:

@@ -74,11 +74,16 @@ def people(policies: Kubectl, namespace: str) -> str:
     return namespace
 
 
+# Written on every AgentRunReplay at admission (replay-requester-policy.yaml): who asked.
+REQUESTER = ("agentrun.dev/requested-by", "agentrun.dev/requested-by-groups")
+
+
 def _annotations(plane: Kubectl, namespace: str, resource: str) -> dict[str, str]:
+    """A replay's annotations but the requester's, which admission writes on each."""
     annotations: dict[str, str] = stored(plane, namespace, resource)["metadata"].get(
         "annotations", {}
     )
-    return annotations
+    return {k: v for k, v in annotations.items() if k not in REQUESTER}
 
 
 # -- the force annotation ------------------------------------------------------------------

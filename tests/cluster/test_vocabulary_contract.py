@@ -127,5 +127,10 @@ def test_every_policy_is_bound() -> None:
         for d in _docs()
         if d["kind"] == "ValidatingAdmissionPolicyBinding"
     }
-    assert policies == {"agentrun-force-replay", "agentrun-replay-of", "agentrun-run-references"}
+    assert policies == {"agentrun-force-replay", "agentrun-replay-of", "agentrun-run-references",
+                        "agentrun-replay-requester"}
     assert bindings == {p: ["Deny"] for p in policies}
+    mutating = {d["metadata"]["name"] for d in _docs() if d["kind"] == "MutatingAdmissionPolicy"}
+    mutating_bound = {d["spec"]["policyName"] for d in _docs()
+                      if d["kind"] == "MutatingAdmissionPolicyBinding"}
+    assert mutating == mutating_bound == {"agentrun-replay-requester"}

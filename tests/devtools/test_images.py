@@ -108,7 +108,7 @@ CARRIES = {
                  ("google.adk", "google.genai", "litellm", "anthropic")),
     "store-api": (("google.adk", "sqlalchemy", "psycopg", "alembic", "kubernetes", "aiohttp"),
                   ("kopf", "litellm", "anthropic")),
-    "runner": (("google.adk", "litellm", "anthropic", "httpx"),
+    "runner": (("google.adk", "litellm", "anthropic", "aiohttp"),
                ("kopf", "kubernetes", "sqlalchemy", "psycopg", "alembic",
                 "prometheus_client")),
 }

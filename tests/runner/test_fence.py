@@ -38,6 +38,28 @@ def test_no_tool_starts_after_settle(any_store: str) -> None:
     query(any_store, go)
 
 
+def test_no_call_is_closed_after_settle(any_store: str) -> None:
+    """A close after the settle would rewrite what the operator counted (a journal close
+    takes a call out of toolsExecuted): refused in the close's own statement."""
+
+    async def go(e: AsyncEngine) -> None:
+        await _attempt(e, "f3")
+        for seq, call_id in ((1, "c1"), (2, "c2")):
+            await store.open_call(e, "f3", 1, seq, "send_email", call_id, store.args_digest({}))
+        assert await store.close_call(e, "f3", 1, 1, "ok", {"sent": True})
+        assert (await store.settle_counting(e, "f3", 1, RunStatus.FAILED, "Evicted", "x")).won
+        with pytest.raises(store.AttemptSettled, match="call 2 stays as the operator counted") \
+                as refused:
+            await store.close_call(e, "f3", 1, 2, "journal")
+        assert refused.value.status == RunStatus.FAILED
+        assert [(x.seq, x.outcome) for x in await store.ledger(e, "f3")] == [(1, "ok"), (2, None)]
+        # A close of a row that is not open stays a plain "no" while the attempt is live.
+        await _attempt(e, "f4")
+        assert not await store.close_call(e, "f4", 1, 9, "ok")
+
+    query(any_store, go)
+
+
 def test_racing_calls_are_either_counted_or_refused(pg_store: str) -> None:
     """Many tool calls racing one settle on Postgres: every call that got into the
     ledger is in the settled toolsExecuted, and every other one was refused."""

@@ -6,17 +6,26 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
+import ssl
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from agentrun_devtools.certs import PKI
 from agentrun_runner.store_client import StoreClient
 
 
 class _Recorder(http.server.BaseHTTPRequestHandler):
     seen: list[tuple[str, str | None]]
+
+    def do_CONNECT(self) -> None:
+        # A proxy asked to tunnel to an https server: noted, and refused (no tunnel here).
+        self.seen.append((f"CONNECT {self.path}", self.headers.get("Authorization")))
+        self.send_response(403)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     def do_GET(self) -> None:
         self.seen.append((self.path, self.headers.get("Authorization")))
@@ -31,21 +40,33 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def _serve() -> Iterator[tuple[str, list[tuple[str, str | None]]]]:
+def _serve(tls: ssl.SSLContext | None = None) -> Iterator[tuple[str, list[tuple[str, str | None]]]]:
     seen: list[tuple[str, str | None]] = []
     handler = type("Handler", (_Recorder,), {"seen": seen})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+        scheme = "https" if tls is not None else "http"
+        yield f"{scheme}://127.0.0.1:{server.server_address[1]}", seen
     finally:
         server.shutdown()
         server.server_close()
 
 
 @pytest.fixture
-def store_api() -> Iterator[tuple[str, list[tuple[str, str | None]]]]:
-    yield from _serve()
+def pki(tmp_path: Path) -> PKI:
+    return PKI(tmp_path / "pki", name="store-api-test-ca")
+
+
+@pytest.fixture
+def store_api(pki: PKI) -> Iterator[tuple[str, list[tuple[str, str | None]]]]:
+    """A stand-in of the store API over TLS (the runner speaks nothing else to it)."""
+    cert, key = pki.issue("store", "store", server=True, hosts=("127.0.0.1",))
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(str(cert), str(key))
+    yield from _serve(tls)
 
 
 @pytest.fixture
@@ -55,7 +76,7 @@ def proxy() -> Iterator[tuple[str, list[tuple[str, str | None]]]]:
 
 def test_store_requests_ignore_the_proxy_variables(
         store_api: tuple[str, list[tuple[str, str | None]]],
-        proxy: tuple[str, list[tuple[str, str | None]]],
+        proxy: tuple[str, list[tuple[str, str | None]]], pki: PKI,
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store_url, store_seen = store_api
     proxy_url, proxy_seen = proxy
@@ -66,11 +87,15 @@ def test_store_requests_ignore_the_proxy_variables(
     token = tmp_path / "token"
     token.write_text("the-store-token\n")
 
+    ca = pki.ca_cert.read_text()
+
     async def both() -> None:
-        # A client that takes its proxy from the environment hands the proxy its request.
-        async with httpx.AsyncClient() as plain:
-            await plain.get(f"{store_url}/v1/attempt", headers={"Authorization": "Bearer x"})
-        client = StoreClient(store_url, token)
+        # A client that takes its proxy from the environment goes through the proxy.
+        async with httpx.AsyncClient(verify=ssl.create_default_context(cadata=ca)) as plain:
+            with pytest.raises(httpx.ProxyError):
+                await plain.get(f"{store_url}/v1/attempt",
+                                headers={"Authorization": "Bearer x"})
+        client = StoreClient(store_url, token, ca)
         try:
             assert await client.request("GET", "/v1/attempt") == {"ok": True}
         finally:
@@ -78,5 +103,6 @@ def test_store_requests_ignore_the_proxy_variables(
 
     asyncio.run(both())
 
-    assert proxy_seen == [(f"{store_url}/v1/attempt", "Bearer x")]  # the plain client's
+    # The plain client's tunnel request: the proxy learns where it goes.
+    assert proxy_seen == [(f"CONNECT {store_url.removeprefix('https://')}", None)]
     assert store_seen == [("/v1/attempt", "Bearer the-store-token")]
