@@ -91,9 +91,9 @@ async def get_result(engine: AsyncEngine, uid: str) -> Result | None:
 
 async def add_usage(engine: AsyncEngine, uid: str, attempt: int, model: str,
                     input_tokens: int, output_tokens: int,
-                    cost_micro_usd: int | None) -> None:
+                    cost_micro_usd: int | None) -> int:
     """Adds one model call of `model` to the attempt's usage; `cost_micro_usd` None: the
-    model has no known price."""
+    model has no known price. Returns the attempt's model calls of that model so far."""
     now = datetime.now(UTC)
     async with engine.begin() as conn:
         stmt = upsert_insert(conn, usage).values(
@@ -109,6 +109,9 @@ async def add_usage(engine: AsyncEngine, uid: str, attempt: int, model: str,
                   "cost_micro_usd": usage.c.cost_micro_usd + (cost_micro_usd or 0),
                   "priced": usage.c.priced if cost_micro_usd is not None else false(),
                   "updated_at": now}))
+        return int((await conn.execute(select(usage.c.model_calls).where(
+            usage.c.run_uid == uid, usage.c.attempt == attempt,
+            usage.c.model == model))).scalar_one())
 
 
 async def _usage_of(conn: AsyncConnection, uid: str, before: int | None) -> Usage:
