@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agentrun_runner.stops import AttemptStop
+
 
 @dataclass(frozen=True)
 class ApprovalRule:
@@ -21,7 +23,7 @@ class ApprovalRule:
     timeout_seconds: int
 
 
-class AwaitingApproval(RuntimeError):
+class AwaitingApproval(AttemptStop):
     """A call waits for a decision: the attempt ends, and resumes once it is decided."""
 
     def __init__(self, tool: str, seq: int) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrun_runner.prices import Price, price_of
+from agentrun_runner.stops import AttemptStop
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class Counted:
         return self.input_tokens + self.output_tokens
 
 
-class BudgetExceeded(RuntimeError):
+class BudgetExceeded(AttemptStop):
     """A limit of spec.limits was reached: the call it guards was not made."""
 
 

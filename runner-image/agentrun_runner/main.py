@@ -370,7 +370,7 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
         await _report(client, failure)
         return _refuse(failure.code, "price.unknown", failure.message)
     budget = Budget(config.limits, Counted.of(me.usage), config.model_prices)
-    sessions = StoreSessionService(client)
+    sessions = StoreSessionService(client, watch.failures)
     memory = StoreMemoryService(client)
     journal = await client.journal() if me.resume_invocation else {}
     ledger = WriteAheadLedger(client, watch.failures, root_run_uid=me.root_run_uid,
@@ -481,9 +481,15 @@ def _check_resumable(session: Any, invocation_id: str) -> None:
             if e.invocation_id == invocation_id]
     last = mine[-1] if mine else None
     if last is None or not (last.get_function_calls() or last.get_function_responses()):
+        ends = "nothing" if last is None else (
+            f"an error event ({last.error_code}: {last.error_message})" if last.error_code
+            else f"an event of {last.author} with "
+                 + ("text" if last.content and any(p.text for p in last.content.parts or [])
+                    else "no content"))
         raise ResumeImpossible(
             f"the journal of invocation {invocation_id} does not end in a tool call or its "
-            "response, so it cannot be continued; a plain replay starts over instead")
+            f"response (it ends in {ends}), so it cannot be continued; a plain replay starts "
+            "over instead")
 
 
 class ResumeImpossible(RuntimeError):

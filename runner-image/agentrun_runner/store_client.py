@@ -29,6 +29,7 @@ from google.adk.sessions.base_session_service import (
 from google.adk.sessions.session import Session
 
 from agentrun.vocabulary import RunnerEnv
+from agentrun_runner.stops import AttemptStop
 
 # A store API that restarts is back within seconds; a request that never left (connection
 # refused) is sent again, for about 8 s in all (then the run fails saying so: a store API
@@ -290,8 +291,12 @@ class StoreSessionService(BaseSessionService):
     trusted here.
     """
 
-    def __init__(self, client: StoreClient) -> None:
+    def __init__(self, client: StoreClient,
+                 stops: Sequence[BaseException] = ()) -> None:
         self._client = client
+        # The failures the runner's plugins raised (watch.failures): a stop among them
+        # marks its error event as the runner's own.
+        self._stops = stops
 
     async def create_session(self, *, app_name: str, user_id: str,
                              state: dict[str, Any] | None = None,
@@ -329,6 +334,11 @@ class StoreSessionService(BaseSessionService):
 
     async def append_event(self, session: Session, event: Event) -> Event:
         if event.partial:
+            return event
+        if event.error_code and not event.content and any(
+                isinstance(f, AttemptStop) for f in self._stops):
+            # The error event of the runner's own stop (stops.py): not the conversation's,
+            # kept out of the journal, which then ends where it stood.
             return event
         # ADK's bookkeeping on the in-memory session first (temp state stays here and is
         # trimmed from what is stored), then the event goes to the store.
