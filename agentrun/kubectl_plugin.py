@@ -71,7 +71,8 @@ class Cluster:
     """The two kinds, in one namespace, through the official client."""
 
     def __init__(self, kubeconfig: str | None, context: str | None,
-                 namespace: str | None) -> None:
+                 namespace: str | None, as_user: str | None = None,
+                 as_group: str | None = None) -> None:
         try:
             if kubeconfig or context or not SA_NAMESPACE.exists():
                 config.load_kube_config(config_file=kubeconfig, context=context)
@@ -85,7 +86,19 @@ class Cluster:
         except (config.ConfigException, OSError, StopIteration) as e:
             raise Failure(f"cannot find a cluster to talk to: {e}") from e
         self.namespace = namespace or default_ns
-        self.api = client.CustomObjectsApi()
+        if as_user:
+            # Impersonation, as kubectl's --as/--as-group (kubectl passes no flag it placed
+            # before a plugin's name; these go after it).
+            configuration = client.Configuration.get_default_copy()
+            api = client.ApiClient(configuration)
+            api.set_default_header("Impersonate-User", as_user)
+            if as_group:
+                api.set_default_header("Impersonate-Group", as_group)
+            client.Configuration.set_default(configuration)
+            self._api_client: client.ApiClient | None = api
+        else:
+            self._api_client = None
+        self.api = client.CustomObjectsApi(self._api_client)
 
     def get(self, plural: str, name: str) -> dict[str, Any] | None:
         try:
@@ -118,7 +131,8 @@ class Cluster:
         """The current user's name, as the API server authenticates it (SelfSubjectReview)."""
         review: Any = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
         try:
-            done: Any = client.AuthenticationV1Api().create_self_subject_review(review)
+            done: Any = client.AuthenticationV1Api(
+                self._api_client).create_self_subject_review(review)
         except ApiException as e:
             raise Failure(api_message(e)) from e
         return str(done.status.user_info.username)
@@ -356,6 +370,8 @@ def _ended(entry: LedgerEntry) -> str:
     earlier attempt, and a resume did not run it again), or nobody knows (in doubt)."""
     if entry.outcome == LedgerOutcome.JOURNAL:
         return "answered from the journal (not run again)"
+    if entry.outcome == LedgerOutcome.DENIED:
+        return "denied by its approver (never run)"
     if entry.finished_at is None:
         return "no (called, never answered): in doubt"
     return f"ran: {entry.outcome or 'ok'} at {_stamp(entry.finished_at)}"
@@ -414,6 +430,10 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: "
                         "KUBECONFIG or ~/.kube/config)")
     common.add_argument("--context", default=None, help="kubeconfig context")
+    common.add_argument("--as", dest="as_user", default=None,
+                        help="act as this user (impersonation, as kubectl --as)")
+    common.add_argument("--as-group", dest="as_group", default=None,
+                        help="with --as: the group to act in")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("replay", parents=[common],
                        help="ask to run an AgentRun again; prints the operator's decision")
@@ -457,7 +477,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        cluster = Cluster(args.kubeconfig, args.context, args.namespace)
+        cluster = Cluster(args.kubeconfig, args.context, args.namespace, args.as_user,
+                          args.as_group)
         if args.command in ("replay", "resume"):
             return replay(cluster, args.run, force=args.force, note=args.note, name=args.name,
                           timeout=args.timeout, resume=args.command == "resume")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -85,5 +86,11 @@ def test_the_store_client_speaks_https_only_and_trusts_the_ca_it_is_given(
         StoreClient("http://127.0.0.1:8089", tmp_path / "token")
     with pytest.raises(StoreUnreachable, match="AGENTRUN_STORE_CA"):
         StoreClient("https://127.0.0.1:8089", tmp_path / "token", "not a certificate")
-    client = StoreClient("https://127.0.0.1:8089", tmp_path / "token")
-    assert client._http._trust_env is False
+    async def session_of_a_client() -> bool:
+        client = StoreClient("https://127.0.0.1:8089", tmp_path / "token")
+        try:
+            return bool(client._http().trust_env)
+        finally:
+            await client.close()
+
+    assert asyncio.run(session_of_a_client()) is False
