@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                            for e in system.store(lambda en: store.ledger(en, u)))
 
             wait_for(started, timeout=120, what=f"{name}'s approved call", interval=0.02)
-            row = next(e for e in system.store(lambda en: store.ledger(en, uid))
+            row = next(e for e in system.store(lambda en, u=uid: store.ledger(en, u))
                        if e.tool == "charge_card" and e.attempt == 2)
             waits.append((row.started_at - asked).total_seconds())
             settle(name)
