@@ -53,6 +53,23 @@ def idempotent(func: F) -> F:
     return func
 
 
+# Where a tool function says its calls wait for a human's decision.
+_APPROVAL: Final = "__agentrun_requires_approval__"
+
+
+def requires_approval(func: F) -> F:
+    """Declares that each call of a tool function waits for an AgentRunApproval before it
+    runs (a run's spec.tools[].approval overrides this either way)."""
+    setattr(func, _APPROVAL, True)
+    return func
+
+
+def declares_approval(tool: Any) -> bool:
+    """Whether an ADK tool's function was declared `requires_approval`."""
+    return any(getattr(holder, _APPROVAL, False) is True
+               for holder in (tool, getattr(tool, "func", None)))
+
+
 def _hint(annotations: Any, *names: str) -> bool:
     for name in names:
         value = annotations.get(name) if isinstance(annotations, Mapping) else getattr(

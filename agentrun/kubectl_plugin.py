@@ -1,6 +1,7 @@
 """`kubectl agentrun`: replay a run, see which tools it called, and why a replay was decided.
 
     kubectl agentrun replay RUN [--force] [--note TEXT] [--name NAME]
+    kubectl agentrun approve RUN [--deny] [--note TEXT]
     kubectl agentrun tools RUN
     kubectl agentrun why REPLAY
 
@@ -35,12 +36,16 @@ from agentrun.ledger import LedgerEntry
 from agentrun.vocabulary import (
     ANNOTATION_FORCE_REPLAY,
     API_VERSION,
+    APPROVAL_KIND,
+    APPROVAL_PLURAL,
     ENV_DATABASE_URL,
     GROUP,
     REPLAY_KIND,
     REPLAY_PLURAL,
     RUN_PLURAL,
     VERSION,
+    ApprovalDecision,
+    ApprovalPhase,
     LedgerOutcome,
     Phase,
     ReplayPhase,
@@ -66,7 +71,8 @@ class Cluster:
     """The two kinds, in one namespace, through the official client."""
 
     def __init__(self, kubeconfig: str | None, context: str | None,
-                 namespace: str | None) -> None:
+                 namespace: str | None, as_user: str | None = None,
+                 as_group: str | None = None) -> None:
         try:
             if kubeconfig or context or not SA_NAMESPACE.exists():
                 config.load_kube_config(config_file=kubeconfig, context=context)
@@ -80,7 +86,19 @@ class Cluster:
         except (config.ConfigException, OSError, StopIteration) as e:
             raise Failure(f"cannot find a cluster to talk to: {e}") from e
         self.namespace = namespace or default_ns
-        self.api = client.CustomObjectsApi()
+        if as_user:
+            # Impersonation, as kubectl's --as/--as-group (kubectl passes no flag it placed
+            # before a plugin's name; these go after it).
+            configuration = client.Configuration.get_default_copy()
+            api = client.ApiClient(configuration)
+            api.set_default_header("Impersonate-User", as_user)
+            if as_group:
+                api.set_default_header("Impersonate-Group", as_group)
+            client.Configuration.set_default(configuration)
+            self._api_client: client.ApiClient | None = api
+        else:
+            self._api_client = None
+        self.api = client.CustomObjectsApi(self._api_client)
 
     def get(self, plural: str, name: str) -> dict[str, Any] | None:
         try:
@@ -99,6 +117,25 @@ class Cluster:
         except ApiException as e:
             raise Failure(api_message(e), REFUSED if e.status in (403, 422) else ERROR) from e
         return dict(created)
+
+    def create(self, plural: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        try:
+            created: Any = self.api.create_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, plural, manifest)
+        except ApiException as e:
+            raise Failure(api_message(e), REFUSED if e.status in (403, 409, 422) else ERROR) \
+                from e
+        return dict(created)
+
+    def whoami(self) -> str:
+        """The current user's name, as the API server authenticates it (SelfSubjectReview)."""
+        review: Any = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        try:
+            done: Any = client.AuthenticationV1Api(
+                self._api_client).create_self_subject_review(review)
+        except ApiException as e:
+            raise Failure(api_message(e)) from e
+        return str(done.status.user_info.username)
 
     def annotate_replay(self, name: str, annotations: dict[str, str]) -> None:
         try:
@@ -219,6 +256,56 @@ def print_decision(replay: dict[str, Any]) -> None:
         print(f"  note:           {spec['note']}")
 
 
+# -- approve ----------------------------------------------------------------------------------
+
+
+def approve(cluster: Cluster, run: str, *, deny: bool, note: str | None,
+            timeout: float) -> int:
+    """Shows the call `run` waits for, with its arguments, and decides it as the current
+    user: an AgentRunApproval of exactly those arguments (their digest)."""
+    found = cluster.get(RUN_PLURAL, run)
+    if found is None:
+        raise Failure(f"AgentRun {run} does not exist in namespace {cluster.namespace}")
+    status = found.get("status") or {}
+    pending = status.get("pendingApproval")
+    if status.get("phase") != Phase.WAITING or not pending:
+        raise Failure(f"AgentRun {run} waits for no approval: it is "
+                      f"{status.get('phase') or Phase.PENDING}"
+                      + (f" ({status['reason']})" if status.get("reason") else ""),
+                      REFUSED)
+    print(f"AgentRun {run} waits for an approval of {pending['tool']} (call "
+          f"{pending['seq']}, attempt {pending['attempt']}), asked at "
+          f"{pending.get('requestedAt')}, until {pending.get('expiresAt')}:")
+    print(f"  arguments: {pending.get('args')}"
+          + (" ... (cut: the first 1,024 bytes)" if pending.get("argsTruncated") else ""))
+    print(f"  digest:    {pending['argsDigest']}")
+    decision = ApprovalDecision.DENY if deny else ApprovalDecision.APPROVE
+    user = cluster.whoami()
+    spec: dict[str, Any] = {"runName": run, "seq": int(pending["seq"]),
+                            "argsDigest": pending["argsDigest"], "decision": decision,
+                            "approver": user}
+    if note:
+        spec["note"] = note
+    name = f"{run}-call-{pending['seq']}"
+    meta: dict[str, Any] = {"name": name} if cluster.get(APPROVAL_PLURAL, name) is None \
+        else {"generateName": f"{name}-"}
+    made = cluster.create(APPROVAL_PLURAL, {"apiVersion": API_VERSION, "kind": APPROVAL_KIND,
+                                            "metadata": meta, "spec": spec})
+    made_name = made["metadata"]["name"]
+    print(f"agentrunapproval/{made_name} created ({decision} by {user})")
+    began = time.monotonic()
+    while True:
+        judged = cluster.get(APPROVAL_PLURAL, made_name) or {}
+        verdict = judged.get("status") or {}
+        if verdict.get("phase"):
+            print(f"{verdict['phase']} ({verdict.get('reason')}): {verdict.get('message')}")
+            return OK if verdict["phase"] == ApprovalPhase.ACCEPTED else REFUSED
+        if time.monotonic() - began > timeout:
+            raise Failure(f"AgentRunApproval {made_name} was not judged within {timeout:.0f}s; "
+                          "is the agentrun operator running?")
+        time.sleep(0.5)
+
+
 # -- tools ------------------------------------------------------------------------------------
 
 
@@ -283,6 +370,8 @@ def _ended(entry: LedgerEntry) -> str:
     earlier attempt, and a resume did not run it again), or nobody knows (in doubt)."""
     if entry.outcome == LedgerOutcome.JOURNAL:
         return "answered from the journal (not run again)"
+    if entry.outcome == LedgerOutcome.DENIED:
+        return "denied by its approver (never run)"
     if entry.finished_at is None:
         return "no (called, never answered): in doubt"
     return f"ran: {entry.outcome or 'ok'} at {_stamp(entry.finished_at)}"
@@ -341,6 +430,10 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: "
                         "KUBECONFIG or ~/.kube/config)")
     common.add_argument("--context", default=None, help="kubeconfig context")
+    common.add_argument("--as", dest="as_user", default=None,
+                        help="act as this user (impersonation, as kubectl --as)")
+    common.add_argument("--as-group", dest="as_group", default=None,
+                        help="with --as: the group to act in")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("replay", parents=[common],
                        help="ask to run an AgentRun again; prints the operator's decision")
@@ -370,18 +463,30 @@ def parser() -> argparse.ArgumentParser:
                         "ledger published on the settled run, no credential needed)")
     w = sub.add_parser("why", parents=[common], help="a replay's decision and its message")
     w.add_argument("replay")
+    a = sub.add_parser("approve", parents=[common],
+                       help="approve (or --deny) the tool call an AgentRun waits for, as "
+                            "yourself (needs ClusterRole agentrun-approver)")
+    a.add_argument("run", help="the AgentRun that waits")
+    a.add_argument("--deny", action="store_true", help="deny the call: it never runs, and "
+                   "the model is told so")
+    a.add_argument("--note", help="why (a denial's note is what the model is told)")
+    a.add_argument("--timeout", type=float, default=60, help="seconds to wait for the verdict")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        cluster = Cluster(args.kubeconfig, args.context, args.namespace)
+        cluster = Cluster(args.kubeconfig, args.context, args.namespace, args.as_user,
+                          args.as_group)
         if args.command in ("replay", "resume"):
             return replay(cluster, args.run, force=args.force, note=args.note, name=args.name,
                           timeout=args.timeout, resume=args.command == "resume")
         if args.command == "tools":
             return tools(cluster, args.run, args.database_url)
+        if args.command == "approve":
+            return approve(cluster, args.run, deny=args.deny, note=args.note,
+                           timeout=args.timeout)
         return why(cluster, args.replay)
     except Failure as e:
         print(str(e), file=sys.stderr)

@@ -17,6 +17,8 @@ RUN_KIND: Final = "AgentRun"
 RUN_PLURAL: Final = "agentruns"
 REPLAY_KIND: Final = "AgentRunReplay"
 REPLAY_PLURAL: Final = "agentrunreplays"
+APPROVAL_KIND: Final = "AgentRunApproval"
+APPROVAL_PLURAL: Final = "agentrunapprovals"
 
 
 class Phase:
@@ -24,12 +26,14 @@ class Phase:
 
     PENDING: Final = "Pending"
     RUNNING: Final = "Running"
+    # A tool call waits for a human's decision (AgentRunApproval); no pod runs meanwhile.
+    WAITING: Final = "Waiting"
     SUCCEEDED: Final = "Succeeded"
     FAILED: Final = "Failed"
     CANCELLED: Final = "Cancelled"
 
     TERMINAL: Final = frozenset({SUCCEEDED, FAILED, CANCELLED})
-    LIVE: Final = frozenset({PENDING, RUNNING})
+    LIVE: Final = frozenset({PENDING, RUNNING, WAITING})
 
 
 class Reason:
@@ -49,6 +53,8 @@ class Reason:
     AGENT_ERROR: Final = "AgentError"
     # The agent spent what it was allowed (tokens, money, model calls) and stopped.
     BUDGET_EXCEEDED: Final = "BudgetExceeded"
+    # spec.limits sets maxCostMicroUSD and a model of the run has no known price.
+    PRICE_UNKNOWN: Final = "PriceUnknown"
     # The agent stopped to wait for a human's approval of its next step.
     AWAITING_APPROVAL: Final = "AwaitingApproval"
     STALE: Final = "Stale"
@@ -77,7 +83,7 @@ class Reason:
     # the store API, InputUnavailable), made where the runner cannot write it, because many
     # mean "nothing ran" and a runner must not be able to say that of itself.
     RUNNER_REPORTED: Final = frozenset({AGENT_ERROR, RATE_LIMITED_AFTER_TOOL_CALL,
-                                        BUDGET_EXCEEDED, AWAITING_APPROVAL})
+                                        BUDGET_EXCEEDED, PRICE_UNKNOWN, AWAITING_APPROVAL})
     # What an attempt's recorded outcome may say: the runner's reasons, and the store API's
     # own observation that the run's input snapshot is gone.
     RECORDED: Final = RUNNER_REPORTED | {INPUT_UNAVAILABLE}
@@ -121,6 +127,8 @@ class Condition:
     TOOLS_EXECUTED: Final = "ToolsExecuted"
     APPROVED: Final = "Approved"
     RESUMABLE: Final = "Resumable"
+    # True while a tool call of the run waits for an AgentRunApproval.
+    APPROVAL_PENDING: Final = "ApprovalPending"
     # The conditions kstatus (Flux, kubectl wait, cli-utils) and Argo CD read.
     READY: Final = "Ready"
     RECONCILING: Final = "Reconciling"
@@ -129,6 +137,40 @@ class Condition:
     TOOL_CALLS_RECORDED: Final = "ToolCallsRecorded"
     NO_TOOL_CALLS: Final = "NoToolCalls"
     TOOL_STATE_UNKNOWN: Final = "ToolStateUnknown"
+
+
+class ApprovalPhase:
+    """AgentRunApproval phases."""
+
+    ACCEPTED: Final = "Accepted"
+    REJECTED: Final = "Rejected"
+
+
+class ApprovalReason:
+    """AgentRunApproval `status.reason` values: the rows of its decision table."""
+
+    DECIDED: Final = "Decided"
+    NOT_PENDING: Final = "NotPending"
+    ARGS_MISMATCH: Final = "ArgsMismatch"
+    ALREADY_DECIDED: Final = "AlreadyDecided"
+    RUN_NOT_FOUND: Final = "RunNotFound"
+
+
+class ApprovalDecision:
+    """`spec.decision` of an AgentRunApproval, and the approver a timeout decides as."""
+
+    APPROVE: Final = "Approve"
+    DENY: Final = "Deny"
+    ALL: Final = (APPROVE, DENY)
+    TIMEOUT_APPROVER: Final = "timeout"
+
+
+class Approval:
+    """`spec.tools[].approval`: whether a tool's calls wait for a human's decision."""
+
+    REQUIRED: Final = "Required"
+    NONE: Final = "None"
+    DEFAULT_TIMEOUT_SECONDS: Final = 86400
 
 
 class Trigger:
@@ -157,6 +199,8 @@ ANNOTATION_REQUESTED_BY_GROUPS: Final = f"{GROUP}/requested-by-groups"
 # The RBAC verb on agentrunreplays that allows setting ANNOTATION_FORCE_REPLAY.
 VERB_FORCE: Final = "force"
 FORCER_CLUSTER_ROLE: Final = "agentrun-replay-forcer"
+# Who may create AgentRunApprovals (agentrun-edit may not).
+APPROVER_CLUSTER_ROLE: Final = "agentrun-approver"
 
 # Development node simulation (development tooling only; never acted on in production).
 ANNOTATION_SIMULATE: Final = "dev.agentrun.dev/simulate"
@@ -212,6 +256,9 @@ class RunnerEnv:
     ALLOW_SCRIPTED_MODEL: Final = "AGENTRUN_ALLOW_SCRIPTED_MODEL"
     # spec.tools (JSON): the effect class of each named tool.
     TOOLS: Final = "AGENTRUN_TOOLS"
+    # spec.limits (JSON), and the operator's modelPrices (JSON) the runner prices calls by.
+    LIMITS: Final = "AGENTRUN_LIMITS"
+    MODEL_PRICES: Final = "AGENTRUN_MODEL_PRICES"
 
 
 class LoaderEnv:
@@ -312,6 +359,9 @@ class RunnerExit:
     INPUT_UNAVAILABLE: Final = 4
     RATE_LIMITED_AFTER_TOOL_CALL: Final = 5
     STORE_UNAVAILABLE: Final = 6
+    BUDGET_EXCEEDED: Final = 7
+    PRICE_UNKNOWN: Final = 8
+    AWAITING_APPROVAL: Final = 9
 
 
 class RunStatus:
@@ -337,6 +387,10 @@ class LedgerOutcome:
     ERROR: Final = "error"
     # Not run: answered from the journal (the call had finished in an earlier attempt).
     JOURNAL: Final = "journal"
+    # Not run: its approval was denied (or timed out); the model got the denial as result.
+    DENIED: Final = "denied"
+    # Rows of these outcomes are calls that did not run in their attempt.
+    NOT_RUN: Final = frozenset({JOURNAL, DENIED})
 
 
 # Test hook of the sample agents only: the named tool kills its runner with os._exit right

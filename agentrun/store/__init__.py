@@ -71,6 +71,19 @@ Retention
         ADK events past retention, in batches; sessions keep their shell
     await purge_expired_memory(engine) -> int           memory entries past their expiry
 
+Outcome (the final answer and the usage; tool calls are counted from the ledger)
+    await record_result(engine, uid, attempt, text, parsed=None) -> bool   first wins
+    await get_result(engine, uid) -> Result | None        the latest attempt's answer
+    await add_usage(engine, uid, attempt, model, input_tokens, output_tokens, cost|None)
+    await run_usage(engine, uid, before_attempt=None) -> Usage     a resume continues
+    await usage_changed_since(engine, since) -> set[run uid]
+
+Approvals (a call that waits for a human's decision; decided once)
+    await request_approval(engine, uid, attempt, seq, call_id, tool, args, digest, expires)
+    await pending_approval(engine, uid, attempt=None) -> Approval | None
+    await decide(engine, uid, call_id, decision, approver, note, approval_name) -> bool
+    await approvals_of(engine, uid) -> list[Approval]
+
 Memory (agentrun.store.memory, with google-adk) and samples
     StoreMemoryService(engine, ttl_days=90)            an ADK BaseMemoryService
     await record_side_effect(engine, tool, args, run_name, run_uid, attempt)
@@ -79,6 +92,13 @@ Memory (agentrun.store.memory, with google-adk) and samples
 
 from agentrun.effects import args_digest
 from agentrun.ledger import LedgerEntry
+from agentrun.store.approvals import (
+    Approval,
+    approvals_of,
+    decide,
+    pending_approval,
+    request_approval,
+)
 from agentrun.store.engine import (
     async_url,
     is_durable,
@@ -106,6 +126,16 @@ from agentrun.store.ledger import (
 )
 from agentrun.store.migrate import StoreNotReady, check_schema, head_revision, migrate
 from agentrun.store.outbox import OutboxRow, outbox, record_side_effect
+from agentrun.store.outcome import (
+    Result,
+    Usage,
+    add_usage,
+    answer_digest,
+    get_result,
+    record_result,
+    run_usage,
+    usage_changed_since,
+)
 from agentrun.store.replays import (
     Claim,
     ReplayApproval,
@@ -145,6 +175,7 @@ from agentrun.store.sessions import SessionClaim, claim_session, fork_session, s
 from agentrun.store.usage import AttemptUsage, attempt_usage
 
 __all__ = [
+    "Approval",
     "Attempt",
     "AttemptIdentity",
     "AttemptSettled",
@@ -159,12 +190,17 @@ __all__ = [
     "Outcome",
     "ReplayApproval",
     "ReplayRace",
+    "Result",
     "Run",
     "RunNotRecorded",
     "SessionClaim",
     "Settled",
     "StoreNotReady",
+    "Usage",
+    "add_usage",
+    "answer_digest",
     "approval_of_replay_run",
+    "approvals_of",
     "approve_replay",
     "args_digest",
     "async_url",
@@ -175,12 +211,14 @@ __all__ = [
     "check_schema",
     "claim_session",
     "close_call",
+    "decide",
     "delete_input",
     "fork_session",
     "get_attempt",
     "get_input",
     "get_outcome",
     "get_replay_approval",
+    "get_result",
     "get_run",
     "head_revision",
     "input_digest",
@@ -193,17 +231,21 @@ __all__ = [
     "migrate",
     "open_call",
     "outbox",
+    "pending_approval",
     "purge_expired_memory",
     "purge_old_events",
     "put_input",
     "record_invocation",
     "record_outcome",
     "record_pod",
+    "record_result",
     "record_run",
     "record_side_effect",
     "redact",
     "release_replay",
     "replays_of",
+    "request_approval",
+    "run_usage",
     "session_app",
     "session_service_url",
     "set_tools_executed",
@@ -211,4 +253,5 @@ __all__ = [
     "settle_counting",
     "start_attempt",
     "tools_executed",
+    "usage_changed_since",
 ]

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agentrun.ledger import LedgerEntry
 from agentrun.store import adk_tables as adk
-from agentrun.store.schema import attempts, tool_calls
+from agentrun.store.schema import approvals, attempts, tool_calls
 from agentrun.vocabulary import LedgerOutcome, RunStatus
 
 
@@ -251,8 +251,10 @@ async def tools_on(conn: AsyncConnection, uid: str, attempt: int) -> list[str]:
         select(tool_calls.c.tool, tool_calls.c.call_id, tool_calls.c.started_at,
                tool_calls.c.seq)
         .where(tool_calls.c.run_uid == uid, tool_calls.c.attempt == attempt,
-               # Answered from the journal: it ran in an earlier attempt, not in this one.
-               or_(tool_calls.c.outcome.is_(None), tool_calls.c.outcome != LedgerOutcome.JOURNAL))
+               # Answered from the journal (it ran in an earlier attempt, not in this one) or
+               # denied by its approver: not run in this attempt.
+               or_(tool_calls.c.outcome.is_(None),
+                   tool_calls.c.outcome.not_in(LedgerOutcome.NOT_RUN)))
         .order_by(tool_calls.c.seq)
     )
     ledgered = [_Call(r.tool, r.call_id, _epoch(r.started_at), r.seq) for r in rows]
@@ -265,6 +267,11 @@ async def tools_on(conn: AsyncConnection, uid: str, attempt: int) -> list[str]:
         )
     ).one_or_none()
     session: list[_Call] = []
+    # Calls of this attempt that waited for a decision: asked for (so in the session), never
+    # started in it. An approved one runs, and counts, in the attempt that follows.
+    waited = {r.call_id for r in await conn.execute(
+        select(approvals.c.call_id).where(approvals.c.run_uid == uid,
+                                          approvals.c.attempt == attempt))}
     # No invocation recorded: the runner never reached its first model call (it
     # records the invocation before it), so the session holds no call of ours.
     if where is not None and where.invocation_id is not None:
@@ -283,6 +290,7 @@ async def tools_on(conn: AsyncConnection, uid: str, attempt: int) -> list[str]:
                     tool_calls.c.outcome == LedgerOutcome.JOURNAL))}
             session = [c for c in session
                        if c.call_id in ledgered_ids or c.call_id not in journalled]
+    session = [c for c in session if c.call_id not in waited]
     return union_in_call_order(session, ledgered)
 
 

@@ -243,6 +243,63 @@ session_owners = Table(
     Column("updated_at", UTCDateTime, nullable=False),
 )
 
+# The final answer of an attempt, whole (a run's status shows its first 4,096 bytes).
+results = Table(
+    "results",
+    metadata,
+    Column("run_uid", String(64), primary_key=True),
+    Column("attempt", Integer, primary_key=True),
+    Column("text", Text, nullable=False),
+    # The parsed object, when the agent declares an output schema and the text is JSON.
+    Column("json", NullableJSON),
+    Column("digest", String(80), nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+)
+
+# What an attempt's model calls used, per model, from the model's own usage report.
+# `priced` turns false for good once a call of that model had no known price: its cost is
+# then unknown, never a partial sum shown as the whole.
+usage = Table(
+    "usage",
+    metadata,
+    Column("run_uid", String(64), primary_key=True),
+    Column("attempt", Integer, primary_key=True),
+    Column("model", String(256), primary_key=True),
+    Column("model_calls", Integer, nullable=False),
+    Column("input_tokens", BigInteger, nullable=False),
+    Column("output_tokens", BigInteger, nullable=False),
+    Column("cost_micro_usd", BigInteger, nullable=False),
+    Column("priced", Boolean, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Index(None, "updated_at"),
+)
+
+# Tool calls that wait for a human's decision before they run (spec.tools[].approval, the
+# agent's require_confirmation): written by the runner when the model asks for such a call,
+# never started; decided once (first valid AgentRunApproval, or the timeout). The whole
+# arguments are kept here (the ledger keeps only their digest): an approver must see them.
+approvals = Table(
+    "approvals",
+    metadata,
+    Column("run_uid", String(64), primary_key=True),
+    Column("call_id", String(255), primary_key=True),
+    Column("attempt", Integer, nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("tool", String(255), nullable=False),
+    Column("args", Text, nullable=False),
+    Column("args_digest", String(80), nullable=False),
+    Column("requested_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+    # Decision.APPROVE | Decision.DENY; NULL while pending.
+    Column("decision", String(16)),
+    Column("approver", String(253)),
+    Column("note", Text),
+    Column("decided_at", UTCDateTime),
+    # The AgentRunApproval that decided (namespace-local name); NULL for the timeout.
+    Column("approval_name", String(253)),
+    Index(None, "expires_at"),
+)
+
 # Secrets of this installation the store makes once and keeps (store.installation_key).
 installation = Table(
     "installation",

@@ -15,7 +15,12 @@ the background (log: <state>/operator.log, pid: <state>/operator.pid; embedded S
    at once;
 3. resume (retry.resume): a run evicted after send_email answered resumes by itself and
    finishes with exactly one email; one evicted while charge_card (Effectful) is in doubt is
-   not resumed, and says why (ToolCallInDoubt, the model sentence).
+   not resumed, and says why (ToolCallInDoubt, the model sentence);
+4. outcome: a run's answer and usage on the run; a budget (maxModelCalls) that stops a run
+   before its next model call;
+5. approval: a charge_card call waits for a human with no pod; a user without
+   agentrun-approver is refused by the API server; an approver approves and the card is
+   charged once; a second payment is denied, and the agent is told.
 
 It leaves everything running and prints the commands to look around; `make
 dev-cluster-down` (cluster.py `down --state`) stops the operator and the cluster.
@@ -43,6 +48,7 @@ from agentrun.kubectl_plugin import replay_manifest
 from agentrun.vocabulary import (
     ANNOTATION_FORCE_REPLAY,
     API_VERSION,
+    APPROVER_CLUSTER_ROLE,
     ENV_DATABASE_URL,
     ENV_SCRIPT,
     FORCER_CLUSTER_ROLE,
@@ -57,6 +63,7 @@ from agentrun_devtools.processes import pids_alive, wait_for
 
 NAMESPACE = "demo"
 USER = "sam"  # may create and edit replays, may not force
+APPROVER = "ann"  # may approve tool calls (agentrun-approver)
 VENV_BIN = Path(sys.executable).parent
 CUSTOMER = "customer-42@example.com"
 
@@ -160,6 +167,9 @@ class Demo:
                      "--clusterrole=agentrun-edit", f"--user={USER}")
         say(f"  ({USER} may create, edit and annotate AgentRuns and AgentRunReplays here, "
             f"but is not bound to {FORCER_CLUSTER_ROLE})")
+        self.kubectl("create", "rolebinding", "approvers", "-n", NAMESPACE,
+                     f"--clusterrole={APPROVER_CLUSTER_ROLE}", f"--user={APPROVER}",
+                     check=False)
         self.wait_for_policy()
 
     def start_operator(self) -> None:
@@ -335,6 +345,88 @@ class Demo:
         self.kubectl("get", "agentrun", "charge-44", "-n", NAMESPACE, "-o",
                      "jsonpath={.status.conditions[?(@.type==\"Resumable\")].message}")
 
+    def story_outcome(self) -> None:
+        heading("9. A run's answer and what it used are on the run")
+        script: list[dict[str, Any]] = [
+            {"call": "read_message", "args": {}, "usage": {"inputTokens": 500,
+                                                           "outputTokens": 20}},
+            {"text": "Refunded customer 45 and told them.",
+             "usage": {"inputTokens": 700, "outputTokens": 30}}]
+        self.kubectl("apply", "-n", NAMESPACE, "-f", "-",
+                     input=json.dumps(run_manifest("answer-45", script), indent=1))
+        self.wait_status("agentrun", "answer-45", (Phase.SUCCEEDED, Phase.FAILED))
+        self.kubectl("get", "agentrun", "answer-45", "-n", NAMESPACE, "-o", "wide")
+        say("A pipeline step reads the answer with kubectl alone:")
+        self.kubectl("get", "agentrun", "answer-45", "-n", NAMESPACE, "-o",
+                     "jsonpath={.status.result.text}")
+        self.kubectl("get", "agentrun", "answer-45", "-n", NAMESPACE, "-o",
+                     "jsonpath={.status.usage}")
+
+        heading("10. A budget stops a run before its next model call")
+        say("spec.limits.maxModelCalls: 2, on a script of four steps:")
+        steps: list[dict[str, Any]] = [
+            {"call": "read_message", "args": {}},
+            {"call": "send_email", "args": {"to": CUSTOMER, "body": "Refund approved."}},
+            {"call": "update_crm", "args": {"customer": "46", "status": "refunded"}},
+            {"text": "Refunded customer 46 and told them."}]
+        self.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps(run_manifest(
+            "chatty-46", steps, limits={"maxModelCalls": 2}), indent=1))
+        self.wait_status("agentrun", "chatty-46", (Phase.FAILED, Phase.SUCCEEDED))
+        self.kubectl("get", "agentrun", "chatty-46", "-n", NAMESPACE, "-o", "wide")
+        self.kubectl("get", "agentrun", "chatty-46", "-n", NAMESPACE, "-o",
+                     "jsonpath={.status.message}")
+        crm = [r for r in self.query(lambda e: store.outbox(e, "chatty-46"))
+               if r.tool == "update_crm"]
+        say(f"Emails sent by chatty-46: {len(self.emails('chatty-46'))}; CRM updates: "
+            f"{len(crm)} (the third step never ran)")
+
+    def story_approval(self) -> None:
+        heading("11. A payment waits for a human: no pod runs while it waits")
+        say(f"{APPROVER} is bound to ClusterRole {APPROVER_CLUSTER_ROLE} in {NAMESPACE}; "
+            f"{USER} is not.")
+        script: list[dict[str, Any]] = [
+            {"call": "charge_card", "args": {"customer": "47", "amount": 120}},
+            {"text": "Charged customer 47 the 120 they owed."}]
+        required = {"tools": [{"name": "charge_card", "effect": "Effectful",
+                               "approval": "Required"}]}
+        self.kubectl("apply", "-n", NAMESPACE, "-f", "-",
+                     input=json.dumps(run_manifest("pay-47", script, **required), indent=1))
+        self.wait_status("agentrun", "pay-47", (Phase.WAITING,))
+        self.kubectl("get", "agentrun", "pay-47", "-n", NAMESPACE)
+        self.wait("pay-47's pod gone", lambda: not json.loads(self.kubectl(
+            "get", "pods", "-n", NAMESPACE, "-l", "agentrun.dev/run=pay-47", "-o", "json",
+            show=False).stdout)["items"])
+        self.kubectl("get", "pods", "-n", NAMESPACE, "-l", "agentrun.dev/run=pay-47")
+        denied = self.kubectl("agentrun", "approve", "pay-47", "-n", NAMESPACE, "--as", USER,
+                              check=False)
+        if denied.returncode == 0:
+            raise RuntimeError("the API server let a user who may not approve approve")
+        say(f"The API server refused {USER}: creating an AgentRunApproval needs "
+            f"{APPROVER_CLUSTER_ROLE}.")
+        self.kubectl("agentrun", "approve", "pay-47", "-n", NAMESPACE, "--as", APPROVER,
+                     "--note", "customer confirmed by phone")
+        self.wait_status("agentrun", "pay-47", (Phase.SUCCEEDED, Phase.FAILED), timeout=180)
+        self.kubectl("get", "agentrun", "pay-47", "-n", NAMESPACE, "-o", "wide")
+        say(f"Charges of pay-47: {len(self.charges('pay-47'))}")
+
+        heading("12. A second payment is denied, and the agent is told")
+        script = [{"call": "charge_card", "args": {"customer": "48", "amount": 9000}},
+                  {"text": "The charge was denied, so customer 48 was not charged."}]
+        self.kubectl("apply", "-n", NAMESPACE, "-f", "-",
+                     input=json.dumps(run_manifest("pay-48", script, **required), indent=1))
+        self.wait_status("agentrun", "pay-48", (Phase.WAITING,))
+        self.kubectl("agentrun", "approve", "pay-48", "-n", NAMESPACE, "--as", APPROVER,
+                     "--deny", "--note", "the amount looks wrong", check=False)
+        self.wait_status("agentrun", "pay-48", (Phase.SUCCEEDED, Phase.FAILED), timeout=180)
+        self.kubectl("get", "agentrun", "pay-48", "-n", NAMESPACE, "-o",
+                     "jsonpath={.status.result.text}")
+        self.kubectl("agentrun", "tools", "pay-48", "-n", NAMESPACE)
+        say(f"Charges of pay-48: {len(self.charges('pay-48'))}")
+
+    def charges(self, run_name: str) -> list[Any]:
+        return [r for r in self.query(lambda e: store.outbox(e, run_name))
+                if r.tool == "charge_card"]
+
     def evict(self, pod: str) -> None:
         body = json.dumps({"apiVersion": "policy/v1", "kind": "Eviction",
                            "metadata": {"name": pod, "namespace": NAMESPACE}})
@@ -385,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
         demo.story_email()
         demo.story_no_tool()
         demo.story_resume()
+        demo.story_outcome()
+        demo.story_approval()
     except (RuntimeError, TimeoutError) as e:
         say(f"\ndemo failed: {e}")
         say(f"operator log: {demo.state / 'operator.log'}")

@@ -74,6 +74,9 @@ class OperatorConfig:
     # The key of the input digests (HMAC), from a file (the chart mounts its Secret); None:
     # the one the run store made for this installation (store.installation_key).
     input_digest_key: bytes | None = None
+    # The chart's modelPrices (JSON: {model: {inputUSDPerMillionTokens,
+    # outputUSDPerMillionTokens}}), over LiteLLM's price map; given to every runner.
+    model_prices: str = ""
     extra_runner_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -172,6 +175,10 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
                    help="file holding the key of status.inputDigest (HMAC; the chart mounts "
                         "it from a Secret made at install and kept); default: a key the run "
                         "store makes once for this installation")
+    p.add_argument("--model-prices", default=_env("AGENTRUN_MODEL_PRICES", ""),
+                   help="prices of models, over LiteLLM's price map (JSON: {model: "
+                        "{inputUSDPerMillionTokens, outputUSDPerMillionTokens}}); runners "
+                        "estimate each call's cost with them")
     a = p.parse_args(argv)
     if not a.store_api_listen and not a.store_api_url:
         p.error("runner pods need the store API: give --store-api-listen (serve it here) "
@@ -197,6 +204,10 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
             p.error(f"--store-api-ca-file {a.store_api_ca_file}: {e.strerror}")
         if "-----BEGIN CERTIFICATE-----" not in ca:
             p.error(f"--store-api-ca-file {a.store_api_ca_file} holds no PEM certificate")
+    if a.model_prices:
+        problem = model_prices_problem(a.model_prices)
+        if problem:
+            p.error(f"--model-prices: {problem}")
     key: bytes | None = None
     if a.input_digest_key_file:
         try:
@@ -236,4 +247,25 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
         log_format=a.log_format,
         event_retention=datetime.timedelta(days=a.event_retention_days),
         input_digest_key=key,
+        model_prices=a.model_prices,
     )
+
+
+def model_prices_problem(raw: str) -> str:
+    """What is wrong with a modelPrices JSON, or "" (the runner reads it the same way)."""
+    import json
+
+    try:
+        data = json.loads(raw)
+    except ValueError as e:
+        return f"not JSON: {e}"
+    if not isinstance(data, dict):
+        return "must be an object of models"
+    for model, price in data.items():
+        if not isinstance(price, dict) or not all(
+                isinstance(price.get(k), int | float) and not isinstance(price.get(k), bool)
+                and price[k] >= 0
+                for k in ("inputUSDPerMillionTokens", "outputUSDPerMillionTokens")):
+            return (f"{model} needs inputUSDPerMillionTokens and outputUSDPerMillionTokens "
+                    "as numbers of 0 or more")
+    return ""

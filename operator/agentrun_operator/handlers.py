@@ -26,6 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from agentrun import store
 from agentrun.vocabulary import (
+    APPROVAL_PLURAL,
     GROUP,
     LABEL_RUN,
     REPLAY_PLURAL,
@@ -34,7 +35,8 @@ from agentrun.vocabulary import (
     Phase,
     ReplayPhase,
 )
-from agentrun_operator import events, metrics, retention, startup_checks
+from agentrun_operator import events, metrics, retention, startup_checks, usage
+from agentrun_operator.approval import reconcile_approval
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.informer import Informer, Informers, key_of
 from agentrun_operator.kube import Kube
@@ -189,9 +191,11 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
 
         async def lead() -> None:
             # The leader alone acts: the reconciles and the daily purge.
-            memo.workers = [asyncio.create_task(work(ctx, reconcile_replay))
+            memo.workers = [asyncio.create_task(work(ctx, {"replay": reconcile_replay,
+                                                           "approval": reconcile_approval}))
                             for _ in range(running.workers)]
             memo.workers.append(asyncio.create_task(retention.purge_daily(ctx)))
+            memo.workers.append(asyncio.create_task(usage.watch(ctx)))
             resync_all(ctx)
 
         async def step_down() -> None:
@@ -239,6 +243,10 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
     async def replay_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         _observe(memo.ctx, memo.ctx.replays, "replay", type, body, _whole)
 
+    @kopf.on.event(GROUP, VERSION, APPROVAL_PLURAL, registry=registry)
+    async def approval_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        _observe(memo.ctx, memo.ctx.approvals, "approval", type, body, _whole)
+
     return registry
 
 
@@ -267,6 +275,9 @@ def resync_all(ctx: Context) -> None:
     for (namespace, name), run in list(ctx.runs.items()):
         if _needs_look(run):
             ctx.queue.add(("run", namespace, name))
+    for (namespace, name), approval in list(ctx.approvals.items()):
+        if not (approval.get("status") or {}).get("phase"):
+            ctx.queue.add(("approval", namespace, name))
     for (namespace, name), replay in list(ctx.replays.items()):
         phase = (replay.get("status") or {}).get("phase")
         if phase != ReplayPhase.APPROVED or not (replay.get("status") or {}).get(

@@ -72,6 +72,11 @@ class Kube:
         return await self._read(self.custom.get_namespaced_custom_object, GROUP, VERSION,
                                 namespace, RUN_PLURAL, name)
 
+    async def read_custom(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """An object of one of our kinds (`plural`), or None."""
+        return await self._read(self.custom.get_namespaced_custom_object, GROUP, VERSION,
+                                namespace, plural, name)
+
     async def read_replay(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._read(self.custom.get_namespaced_custom_object, GROUP, VERSION,
                                 namespace, REPLAY_PLURAL, name)

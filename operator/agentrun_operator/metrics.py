@@ -95,16 +95,20 @@ class _Caches(Collector):
         self.depth: Callable[[], int] = lambda: 0
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
-        return self._families({}, 0)
+        return self._families({}, 0, {})
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         if self.runs is None:
             return iter(())
+        runs = list(self.runs())
         phases = Tally(str((r.get("status") or {}).get("phase") or Phase.PENDING)
-                       for r in list(self.runs()))
-        return self._families(phases, self.depth())
+                       for r in runs)
+        waiting = Tally(str(r["metadata"].get("namespace") or "") for r in runs
+                        if (r.get("status") or {}).get("phase") == Phase.WAITING)
+        return self._families(phases, self.depth(), waiting)
 
-    def _families(self, phases: Mapping[str, int], depth: int) -> Iterator[GaugeMetricFamily]:
+    def _families(self, phases: Mapping[str, int], depth: int,
+                  waiting: Mapping[str, int]) -> Iterator[GaugeMetricFamily]:
         runs = GaugeMetricFamily(
             "agentrun_runs", "AgentRuns in the operator's cache, by phase (a run not "
             "launched yet counts as Pending).", labels=["phase"])
@@ -114,6 +118,12 @@ class _Caches(Collector):
         yield GaugeMetricFamily(
             "agentrun_workqueue_depth", "Keys waiting on the work queue (not being worked "
             "on).", value=depth)
+        pending = GaugeMetricFamily(
+            "agentrun_approvals_pending", "AgentRuns waiting for an approval of a tool "
+            "call, by namespace.", labels=["namespace"])
+        for namespace, count in sorted(waiting.items()):
+            pending.add_metric([namespace], count)
+        yield pending
 
 
 _CACHES = _Caches()
@@ -176,3 +186,16 @@ def serve(port: int) -> None:
     """Starts the /metrics endpoint on `port` (0: none)."""
     if port:
         start_http_server(port)
+
+
+APPROVAL_WAIT = Histogram(
+    "agentrun_approval_wait_seconds",
+    "From a tool call asking for an approval to its decision, by decision (Approve, Deny; "
+    "a timeout is a Deny).", ["decision"],
+    buckets=(1, 5, 15, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 86400, 7 * 86400))
+
+
+def approval_decided(waiting: Any, decision: str, when: datetime.datetime) -> None:
+    """A call's wait ended with `decision` (waiting: a store.Approval)."""
+    APPROVAL_WAIT.labels(decision).observe(
+        max(0.0, (when - waiting.requested_at).total_seconds()))

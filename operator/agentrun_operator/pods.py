@@ -81,6 +81,8 @@ def runner_pod(
         RunnerEnv.STORE_CA: config.store_api_ca,
         RunnerEnv.ALLOW_SCRIPTED_MODEL: "true" if config.allow_scripted_model else "false",
         RunnerEnv.TOOLS: json.dumps(spec.get("tools") or [], separators=(",", ":")),
+        RunnerEnv.LIMITS: json.dumps(spec.get("limits") or {}, separators=(",", ":")),
+        RunnerEnv.MODEL_PRICES: config.model_prices,
     }
     # The user's env first, ours last: a later duplicate wins, so a run cannot pass
     # itself off as another run (the store API checks its token anyway), nor turn the

@@ -31,7 +31,7 @@ import asyncio
 import datetime
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,7 @@ from agentrun.vocabulary import (
     LABEL_RUN,
     RUN_PLURAL,
     SCRIPTED_MODEL,
+    ApprovalDecision,
     Phase,
     Reason,
     RunStatus,
@@ -109,6 +110,7 @@ class Context:
     # AgentRuns and AgentRunReplays as kopf's watch last saw them (slimmed).
     runs: dict[Key, dict[str, Any]] = field(default_factory=dict)
     replays: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    approvals: dict[Key, dict[str, Any]] = field(default_factory=dict)
     pods: Informer | Informers | None = None
     nodes: Informer | None = None
     # Pods we created and the pod informer has not shown yet: (namespace, pod) -> when.
@@ -116,6 +118,8 @@ class Context:
     # The last state of runner pods deleted while we were watching.
     gone: dict[Key, dict[str, Any]] = field(default_factory=dict)
     service_accounts: set[Key] = field(default_factory=set)
+    # When each live run's usage was last written to its status (throttle: USAGE_EVERY).
+    usage_written: dict[Key, float] = field(default_factory=dict)
     _input_key: bytes | None = None
 
     async def input_key(self) -> bytes:
@@ -241,6 +245,8 @@ async def reconcile_run(ctx: Context, namespace: str, name: str) -> float | None
     phase = status.get("phase")
     if phase in Phase.TERMINAL:
         return await _settled(ctx, run)
+    if phase == Phase.WAITING:
+        return await _waiting(ctx, run)
     if not phase or not status.get("inputDigest"):
         return await _launch(ctx, run)
     return await _follow(ctx, run)
@@ -360,6 +366,7 @@ async def _follow(ctx: Context, run: Mapping[str, Any]) -> float | None:
     outcome = classify(pod, node, now(), ctx.config.node_lost_grace)
     if outcome is not None and outcome.terminal:
         return await _finish(ctx, run, attempt, outcome)
+    held: float | None = None
     if outcome is not None and outcome.phase == Phase.RUNNING:
         if status.get("phase") == Phase.PENDING:
             message = f"Runner pod {pname} is running."
@@ -368,6 +375,7 @@ async def _follow(ctx: Context, run: Mapping[str, Any]) -> float | None:
                 startedAt=status.get("startedAt") or st.stamp(now())))
             events.post(run, Reason.STARTED, message)
             return 0
+        held = await _live_usage(ctx, run)
     else:
         waiting = st.pod_waiting(pod)
         if waiting is not None and (status.get("reason"), status.get("message")) != waiting:
@@ -378,7 +386,7 @@ async def _follow(ctx: Context, run: Mapping[str, Any]) -> float | None:
     if left <= 0:
         return await _finish(ctx, run, attempt, Outcome(
             Phase.FAILED, Reason.STALE, st.stale_message(ctx.config.stale_after)))
-    return left
+    return left if held is None else min(left, held)
 
 
 def _next_look(ctx: Context, run: Mapping[str, Any], node: Mapping[str, Any] | None) -> float:
@@ -660,7 +668,17 @@ async def _after_settle(ctx: Context, run: Mapping[str, Any], attempt: int, phas
     key = (run["metadata"]["namespace"], pod_name(run["metadata"]["name"], attempt))
     gone = ctx.gone.pop(key, None)
     last_pod = (ctx.pods.get(key) if ctx.pods is not None else None) or gone
-    resume = await _resume_decision(ctx, run, attempt, phase, reason, tools)
+    if phase == Phase.FAILED and reason == Reason.AWAITING_APPROVAL:
+        waiting = await store.pending_approval(ctx.engine, run["metadata"]["uid"], attempt)
+        if waiting is not None:
+            return await _wait(ctx, run, attempt, waiting, tools)
+        # It said so and wrote no call down: an agent error like any other.
+        reason, message = Reason.AGENT_ERROR, (
+            f"{message} The runner said a call waits for an approval, and none was written "
+            "down: the run cannot wait for it.")
+    # Attempts that followed an approval's decision are not counted against maxAttempts.
+    spent = attempt - await _decided_calls(ctx, run["metadata"]["uid"], attempt)
+    resume = await _resume_decision(ctx, run, attempt, phase, reason, tools, spent)
     if resume is not None and resume.approved:
         following = attempt + 1
         said = f"Attempt {attempt} failed ({reason}); attempt {following} resumes it. " \
@@ -676,7 +694,7 @@ async def _after_settle(ctx: Context, run: Mapping[str, Any], attempt: int, phas
         _log(run, "resume", attempt=following, after=reason)
         metrics.resumed(reason)
         return 0
-    if st.should_retry(spec, attempt, phase, reason, tools):
+    if st.should_retry(spec, spent, phase, reason, tools):
         following = attempt + 1
         said = (f"Attempt {attempt} failed ({reason}) before calling any tool; starting "
                 f"attempt {following}.")
@@ -687,7 +705,8 @@ async def _after_settle(ctx: Context, run: Mapping[str, Any], attempt: int, phas
         metrics.retried(reason)
         return 0
     settled = st.settled_status(phase, reason, message, tools, now(), status, attempts=attempt,
-                                **await _published_ledger(ctx, run, tools))
+                                **await _published_ledger(ctx, run, tools),
+                                **await _outcome(ctx, run))
     if resume is not None:  # asked to resume, and refused: say why, on the run
         settled["conditions"] = [
             *[c for c in settled["conditions"] if c.get("type") != st.Condition.RESUMABLE],
@@ -700,6 +719,128 @@ async def _after_settle(ctx: Context, run: Mapping[str, Any], attempt: int, phas
         ", ".join(tools) or "none")
     events.post(run, reason, f"{message} Tools executed: {told}.",
                 warning=phase != Phase.SUCCEEDED)
+    return 0
+
+
+async def _outcome(ctx: Context, run: Mapping[str, Any]) -> dict[str, Any]:
+    """status.result (the agent's answer, if it gave one) and status.usage of a run that
+    ends, from the store; neither when the store cannot be read (the rest of the status
+    says what happened)."""
+    uid = run["metadata"]["uid"]
+    ctx.usage_written.pop((run["metadata"]["namespace"], run["metadata"]["name"]), None)
+    try:
+        result = await store.get_result(ctx.engine, uid)
+        used = await store.run_usage(ctx.engine, uid)
+    except Exception as e:
+        log.warning("event=store-outcome-failed run=%s error=%r", run["metadata"]["name"], e)
+        metrics.STORE_ERRORS.labels("outcome").inc()
+        return {}
+    shown: dict[str, Any] = {"usage": st.usage_status(used)}
+    if result is not None:
+        shown["result"] = st.result_status(result.text, result.digest, result.json)
+    return shown
+
+
+# A live run's usage is written to its status at most this often.
+USAGE_EVERY = 5.0
+
+
+async def _live_usage(ctx: Context, run: Mapping[str, Any]) -> float | None:
+    """Writes a running run's usage to its status when it changed, at most once per
+    USAGE_EVERY seconds; returns when to look again for a change held back, if one was."""
+    meta, status = run["metadata"], run.get("status") or {}
+    try:
+        used = st.usage_status(await store.run_usage(ctx.engine, meta["uid"]))
+    except Exception as e:  # the usage can wait for the store; the run cannot
+        log.warning("event=store-usage-failed run=%s error=%r", meta["name"], e)
+        metrics.STORE_ERRORS.labels("usage").inc()
+        return None
+    if used == status.get("usage"):
+        return None
+    key = (meta["namespace"], meta["name"])
+    waited = time.monotonic() - ctx.usage_written.get(key, float("-inf"))
+    if waited < USAGE_EVERY:
+        return USAGE_EVERY - waited
+    await _write(ctx, run, {"usage": used})
+    ctx.usage_written[key] = time.monotonic()
+    return None
+
+
+# -- waiting for an approval -----------------------------------------------------------
+
+
+async def _wait(ctx: Context, run: Mapping[str, Any], attempt: int, waiting: store.Approval,
+                tools: list[str] | None) -> float | None:
+    """The attempt ended because a call waits for a decision: the run shows Waiting (no pod
+    runs meanwhile) and says how to decide; its deadline is the call's expiry."""
+    from agentrun_operator.approval import call_text, pending_status
+
+    status = run.get("status") or {}
+    name = run["metadata"]["name"]
+    message = (f"{call_text(waiting)} (call {waiting.seq}) waits for an approval, until "
+               f"{st.stamp(waiting.expires_at)}: approve or deny it with kubectl agentrun "
+               f"approve {name} [--deny] (an AgentRunApproval, which only an agentrun-approver "
+               "may create). No pod runs meanwhile.")
+    changes = st.live_status(Phase.WAITING, Reason.AWAITING_APPROVAL, message, now(), status,
+                             attempts=attempt, pendingApproval=pending_status(waiting),
+                             toolsExecuted=tools,
+                             **await _published_ledger(ctx, run, tools),
+                             **await _outcome(ctx, run))
+    changes["conditions"] = [
+        *[c for c in changes["conditions"] if c.get("type") not in (
+            st.Condition.APPROVAL_PENDING, st.Condition.TOOLS_EXECUTED)],
+        st.tools_condition(tools, now(), status.get("conditions") or []),
+        st.approval_condition(True, Reason.AWAITING_APPROVAL, message, now(), status)]
+    await _write(ctx, run, changes)
+    events.post(run, Reason.AWAITING_APPROVAL, message)
+    _log(run, "awaiting-approval", attempt=attempt, tool=waiting.tool, seq=waiting.seq)
+    # Its runner has exited; its pod goes too (a wait may last a day: nothing of it stays
+    # on a node). The run store keeps what it did.
+    await _stop_pod(ctx, run, attempt)
+    return max(0.0, (waiting.expires_at - now()).total_seconds())
+
+
+async def _waiting(ctx: Context, run: Mapping[str, Any]) -> float | None:
+    """A run waits for a decision: once decided (or expired, which denies it as
+    `timeout`), the next attempt resumes the journal and runs (or denies) the call. That
+    attempt is not counted against retry.maxAttempts: the run did not fail."""
+    meta, status = run["metadata"], run.get("status") or {}
+    attempt = current_attempt(status)
+    asked = status.get("pendingApproval") or {}
+    waited = next((a for a in await store.approvals_of(ctx.engine, meta["uid"])
+                   if a.attempt == attempt and a.seq == asked.get("seq")), None)
+    if waited is None:  # nothing the store knows to wait for: the run failed after all
+        return await _after_settle(ctx, run, attempt, Phase.FAILED, Reason.AGENT_ERROR,
+                                   "The call this run waited for is not in the run store.",
+                                   status.get("toolsExecuted"))
+    if waited.pending:
+        left = (waited.expires_at - now()).total_seconds()
+        if left > 0:
+            return left
+        timeout = (waited.expires_at - waited.requested_at).total_seconds()
+        await store.decide(ctx.engine, meta["uid"], waited.call_id, ApprovalDecision.DENY,
+                           ApprovalDecision.TIMEOUT_APPROVER,
+                           f"no decision within {int(timeout)} s", None)
+        metrics.approval_decided(waited, ApprovalDecision.DENY, now())
+        return 0
+    following = attempt + 1
+    said = "approved" if waited.decision == ApprovalDecision.APPROVE else "denied"
+    message = (f"{waited.tool} (call {waited.seq}) was {said} by {waited.approver}; attempt "
+               f"{following} resumes the run" + (
+                   " and makes the call." if said == "approved" else
+                   ", and the model is told it was denied."))
+    changes = st.live_status(Phase.PENDING, Reason.RESUMING, message, now(), status,
+                             attempts=following, pendingApproval=None,
+                             resumedAttempts=[*(status.get("resumedAttempts") or []),
+                                              following])
+    changes["conditions"] = [
+        *[c for c in changes["conditions"] if c.get("type") != st.Condition.APPROVAL_PENDING],
+        st.approval_condition(False, "Approved" if said == "approved" else "Denied", message,
+                              now(), status)]
+    await _write(ctx, run, changes)
+    events.post(run, Reason.RESUMING, message)
+    _log(run, "approval-decided", attempt=following, decision=waited.decision,
+         approver=waited.approver)
     return 0
 
 
@@ -723,8 +864,21 @@ async def _published_ledger(ctx: Context, run: Mapping[str, Any],
 _NOT_RESUMED = frozenset({Reason.SUCCEEDED, Reason.CANCELLED, *st.NOT_RETRIED})
 
 
+async def _decided_calls(ctx: Context, uid: str, attempt: int) -> int:
+    """How many of the run's attempts before `attempt` ended waiting for a decision that
+    came (each is followed by one more attempt, which does not count)."""
+    try:
+        return sum(1 for a in await store.approvals_of(ctx.engine, uid)
+                   if not a.pending and a.attempt < attempt)
+    except Exception as e:  # counted as attempts: a retry may then be refused, never doubled
+        log.warning("event=store-approvals-unreadable uid=%s error=%r", uid, e)
+        metrics.STORE_ERRORS.labels("approvals").inc()
+        return 0
+
+
 async def _resume_decision(ctx: Context, run: Mapping[str, Any], attempt: int, phase: str,
-                           reason: str, tools: list[str] | None) -> Decision | None:
+                           reason: str, tools: list[str] | None,
+                           spent: int | None = None) -> Decision | None:
     """With spec.retry.resume, whether the failed attempt is resumed: the same decision as
     a manual resume (decide.decide_resume), on the run itself. None when resume does not
     apply (not asked for, no attempt left, nothing ran: a plain retry then starts over)."""
@@ -732,7 +886,8 @@ async def _resume_decision(ctx: Context, run: Mapping[str, Any], attempt: int, p
     retry = spec.get("retry") or {}
     if not retry.get("resume") or phase != Phase.FAILED or reason in _NOT_RESUMED:
         return None
-    if attempt >= int(retry.get("maxAttempts") or 1) or tools == []:
+    if (attempt if spent is None else spent) >= int(retry.get("maxAttempts") or 1) \
+            or tools == []:
         return None
     status = run.get("status") or {}
     digest = status.get("inputDigest")
@@ -901,19 +1056,21 @@ async def _cancel(ctx: Context, run: Mapping[str, Any]) -> float | None:
 # -- workers ------------------------------------------------------------------------------------
 
 
-async def work(ctx: Context, reconcile_replay: Any) -> None:
-    """One worker: takes keys off the queue until cancelled."""
+Reconciler = Callable[[Context, str, str], Awaitable[float | None]]
+
+
+async def work(ctx: Context, reconcilers: Mapping[str, Reconciler]) -> None:
+    """One worker: takes keys off the queue until cancelled; each key's kind names the
+    reconcile of its kind (`reconcile_run` for "run", and the others' handlers give)."""
     from agentrun_operator.kube import Conflict
 
+    every = {"run": reconcile_run, **reconcilers}
     while True:
         key = await ctx.queue.get()
         kind, namespace, name = key
         started, result = time.perf_counter(), "ok"
         try:
-            if kind == "run":
-                again = await reconcile_run(ctx, namespace, name)
-            else:
-                again = await reconcile_replay(ctx, namespace, name)
+            again = await every[kind](ctx, namespace, name)
         except asyncio.CancelledError:
             ctx.queue.done(key)
             raise

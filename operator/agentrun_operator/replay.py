@@ -71,6 +71,9 @@ def replay_run(
     run_name = original["metadata"]["name"]
     spec = {k: v for k, v in (original.get("spec") or {}).items() if k not in _NOT_COPIED}
     spec["replayOf"] = run_name
+    if (replay.get("spec") or {}).get("limits"):
+        # A resume with raised (or lowered) limits: they replace the original's.
+        spec["limits"] = dict(replay["spec"]["limits"])
     return {
         "apiVersion": API_VERSION,
         "kind": RUN_KIND,

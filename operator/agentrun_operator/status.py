@@ -59,10 +59,15 @@ def succeeded_condition(
 # (Ready, Reconciling, Stalled) by phase, on both kinds; api.md "Conditions for GitOps tools".
 _GITOPS: Mapping[str, tuple[str, str, bool]] = {
     Phase.PENDING: ("False", "True", False), Phase.RUNNING: ("False", "True", False),
+    # Waiting for a human: not ready, and nothing to reconcile until they decide (kstatus:
+    # InProgress; Argo CD's health check: Suspended).
+    Phase.WAITING: ("False", "False", False),
     Phase.SUCCEEDED: ("True", "False", False),
     Phase.FAILED: ("False", "False", True), Phase.CANCELLED: ("False", "False", True),
     # AgentRunReplay phases.
     "Approved": ("True", "False", False), "Refused": ("False", "False", True),
+    # AgentRunApproval phases.
+    "Accepted": ("True", "False", False), "Rejected": ("False", "False", True),
 }
 GITOPS_TYPES = frozenset({Condition.READY, Condition.RECONCILING, Condition.STALLED})
 
@@ -108,7 +113,8 @@ def live_status(
         "phase": phase, "reason": reason, "message": message, **fields,
         "conditions": [succeeded_condition(phase, reason, message, now, before),
                        *[c for c in before if c.get("type") in (
-                           Condition.TOOLS_EXECUTED, Condition.RESUMABLE, *GITOPS_TYPES)]],
+                           Condition.TOOLS_EXECUTED, Condition.RESUMABLE,
+                           Condition.APPROVAL_PENDING, *GITOPS_TYPES)]],
     }
 
 
@@ -125,7 +131,7 @@ def settled_status(
         "conditions": [succeeded_condition(phase, reason, message, now, before),
                        tools_condition(tools, now, before),
                        *[c for c in before if c.get("type") in (
-                           Condition.RESUMABLE, *GITOPS_TYPES)]],
+                           Condition.RESUMABLE, Condition.APPROVAL_PENDING, *GITOPS_TYPES)]],
     }
 
 
@@ -220,3 +226,59 @@ def resumable_condition(resumable: bool, reason: str, message: str, now: datetim
     and message) when spec.retry.resume asked for it and the journal did not allow it."""
     return _condition(Condition.RESUMABLE, "True" if resumable else "False", reason, message,
                       now, list(previous.get("conditions") or []))
+
+
+# status.result: the first RESULT_BYTES of the answer, and its object when it serialises
+# to at most RESULT_JSON_BYTES (the status lives in etcd beside everything else); the store
+# and the transcript keep the whole. PREVIEW_CHARS of it for the printer column.
+RESULT_BYTES = 4096
+RESULT_JSON_BYTES = 16 * 1024
+PREVIEW_CHARS = 60
+
+
+def utf8_prefix(text: str, limit: int) -> str:
+    """The longest prefix of `text` whose UTF-8 encoding fits in `limit` bytes: a cut never
+    splits a character."""
+    encoded = text.encode("utf-8")
+    if len(encoded) <= limit:
+        return text
+    return encoded[:limit].decode("utf-8", errors="ignore")
+
+
+def preview(text: str) -> str:
+    """The answer's first words on one line, for `kubectl get ar -o wide`."""
+    line = " ".join(text.split())
+    if len(line) <= PREVIEW_CHARS:
+        return line
+    cut = line[:PREVIEW_CHARS].rsplit(" ", 1)[0] or line[:PREVIEW_CHARS]
+    return cut + "…"
+
+
+def result_status(text: str, digest: str, parsed: Any = None) -> dict[str, Any]:
+    """status.result of an answer (`digest` is of the whole of `text`)."""
+    import json
+
+    shown = utf8_prefix(text, RESULT_BYTES)
+    result: dict[str, Any] = {"text": shown, "truncated": shown != text, "digest": digest,
+                              "preview": preview(text)}
+    if parsed is not None and len(json.dumps(parsed, separators=(",", ":")).encode()) \
+            <= RESULT_JSON_BYTES:
+        result["json"] = parsed
+    return result
+
+
+def usage_status(usage: Any) -> dict[str, Any]:
+    """status.usage of a store.Usage (costMicroUSD absent when a model had no price)."""
+    shown: dict[str, Any] = {"modelCalls": usage.model_calls, "toolCalls": usage.tool_calls,
+                             "inputTokens": usage.input_tokens,
+                             "outputTokens": usage.output_tokens}
+    if usage.cost_micro_usd is not None:
+        shown["costMicroUSD"] = usage.cost_micro_usd
+    return shown
+
+
+def approval_condition(pending: bool, reason: str, message: str, now: datetime.datetime,
+                       previous: Mapping[str, Any]) -> dict[str, Any]:
+    """ApprovalPending: True while a call waits for a decision; False once decided."""
+    return _condition(Condition.APPROVAL_PENDING, "True" if pending else "False", reason,
+                      message, now, list(previous.get("conditions") or []))

@@ -25,8 +25,15 @@ from google.adk.plugins.base_plugin import BasePlugin
 from google.adk.tools.base_tool import BaseTool
 
 from agentrun import effects
-from agentrun.vocabulary import ENV_TEST_CRASH_AFTER_CLOSE, LedgerOutcome
+from agentrun.vocabulary import (
+    ENV_TEST_CRASH_AFTER_CLOSE,
+    Approval,
+    ApprovalDecision,
+    LedgerOutcome,
+)
 from agentrun_runner import logs
+from agentrun_runner.approvals import ApprovalRule, AwaitingApproval, denial
+from agentrun_runner.budget import Budget, BudgetExceeded
 from agentrun_runner.store_client import StoreClient
 
 # How long a close waits for the next call's open to carry it before it goes alone: a
@@ -63,6 +70,9 @@ class WriteAheadLedger(BasePlugin):
         root_run_uid: str = "",
         overrides: Mapping[str, str] | None = None,
         journal: Mapping[str, Mapping[str, Any]] | None = None,
+        budget: Budget | None = None,
+        approvals: Mapping[str, ApprovalRule] | None = None,
+        decisions: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         super().__init__(name="agentrun_ledger")
         self._failures = failures if failures is not None else []
@@ -72,6 +82,11 @@ class WriteAheadLedger(BasePlugin):
         self._overrides = dict(overrides or {})
         # A resumed attempt: the calls of the session it continues, by call id.
         self._journal = dict(journal or {})
+        # spec.limits' maxToolCalls: checked (and counted) as each call starts.
+        self._budget = budget
+        # spec.tools' approvals, and the decisions on calls of the run that waited.
+        self._approvals = dict(approvals or {})
+        self._decisions = dict(decisions or {})
         self._seq = itertools.count(1)
         self._open: dict[int, int] = {}  # id(tool_context) -> seq
         # Closes not sent yet (seq -> tool, outcome, result), for the next open to carry;
@@ -112,6 +127,25 @@ class WriteAheadLedger(BasePlugin):
             logs.info("tool.from_journal", tool=tool.name, seq=seq, call_id=call_id)
             result = recorded.get("result")
             return dict(result) if isinstance(result, Mapping) else {"result": result}
+        if await self._needs_approval(tool, tool_args, tool_context):
+            decided = self._decisions.get(call_id or "")
+            if decided is None:
+                return await self._wait_for_approval(seq, tool, tool_args, call_id)
+            if decided.get("decision") == ApprovalDecision.DENY:
+                return await self._denied(seq, tool, tool_args, call_id, key, effect, decided)
+            # Approved: it runs now, through the ledger, once. ADK's own confirmation of a
+            # FunctionTool(require_confirmation=True) is this decision.
+            from google.adk.tools.tool_confirmation import ToolConfirmation
+
+            tool_context.tool_confirmation = ToolConfirmation(confirmed=True)
+            logs.info("tool.approved", tool=tool.name, seq=seq, call_id=call_id,
+                      approver=decided.get("approver"))
+        if self._budget is not None:
+            try:
+                self._budget.tool_started(tool.name)
+            except BudgetExceeded as e:
+                self._failures.append(e)
+                raise
         try:
             await self._open_call(seq, tool.name, call_id, effects.args_digest(tool_args),
                                   effect, key)
@@ -126,6 +160,53 @@ class WriteAheadLedger(BasePlugin):
         self._open[id(tool_context)] = seq
         logs.info("tool.start", tool=tool.name, seq=seq, call_id=call_id, effect=effect)
         return None
+
+    async def _needs_approval(self, tool: BaseTool, tool_args: dict[str, Any],
+                              tool_context: ToolContext) -> bool:
+        """spec.tools first (either way), then the agent's code (approvals.py)."""
+        rule = self._approvals.get(tool.name)
+        if rule is not None:
+            return rule.required
+        if effects.declares_approval(tool):
+            return True
+        return bool(await tool.check_require_confirmation(tool_args, tool_context))
+
+    async def _wait_for_approval(self, seq: int, tool: BaseTool, tool_args: dict[str, Any],
+                                 call_id: str | None) -> dict[str, Any]:
+        """Writes the call down as waiting (never started), then ends the attempt."""
+        if not call_id:
+            raise LedgerWriteFailed(tool.name, ValueError(
+                "a call that needs an approval must have an id to be decided by"))
+        rule = self._approvals.get(tool.name)
+        timeout = rule.timeout_seconds if rule else Approval.DEFAULT_TIMEOUT_SECONDS
+        try:
+            await self._client.request_approval(seq, tool.name, call_id, tool_args,
+                                                effects.args_digest(tool_args), timeout)
+        except Exception as e:
+            failure = LedgerWriteFailed(tool.name, e)
+            self._failures.append(failure)
+            raise failure from e
+        logs.info("tool.awaiting_approval", tool=tool.name, seq=seq, call_id=call_id)
+        waiting = AwaitingApproval(tool.name, seq)
+        self._failures.append(waiting)
+        raise waiting
+
+    async def _denied(self, seq: int, tool: BaseTool, tool_args: dict[str, Any],
+                      call_id: str | None, key: str | None, effect: str,
+                      decided: Mapping[str, Any]) -> dict[str, Any]:
+        """A denied call: on the ledger as denied, never run; the model is told."""
+        told = denial(str(decided.get("approver") or "?"), decided.get("note"))
+        try:
+            await self._open_call(seq, tool.name, call_id, effects.args_digest(tool_args),
+                                  effect, key)
+            await self._client.close_call(seq, LedgerOutcome.DENIED, told)
+        except Exception as e:
+            failure = LedgerWriteFailed(tool.name, e)
+            self._failures.append(failure)
+            raise failure from e
+        logs.info("tool.denied", tool=tool.name, seq=seq, call_id=call_id,
+                  approver=decided.get("approver"))
+        return told
 
     async def _open_call(self, seq: int, tool: str, call_id: str | None, digest: str,
                          effect: str, key: str | None) -> None:

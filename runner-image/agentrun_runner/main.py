@@ -28,6 +28,7 @@ from agentrun import effects
 from agentrun.vocabulary import (
     DEFAULT_USER_ID,
     SCRIPTED_MODEL,
+    Approval,
     Reason,
     RunnerEnv,
     RunnerExit,
@@ -35,6 +36,9 @@ from agentrun.vocabulary import (
     Trigger,
 )
 from agentrun_runner import logs
+from agentrun_runner.approvals import ApprovalRule, AwaitingApproval
+from agentrun_runner.budget import Budget, BudgetExceeded, Counted, Limits, unpriced
+from agentrun_runner.prices import Price, parse_overrides
 from agentrun_runner.store_client import (
     Identity,
     StoreClient,
@@ -80,6 +84,11 @@ class RunnerConfig:
     allow_scripted_model: bool = False
     # spec.tools: tool name -> effect class, overriding the agent's declarations.
     tool_effects: dict[str, str] = field(default_factory=dict)
+    # spec.tools' approvals: tool name -> whether it waits for a decision, and how long.
+    tool_approvals: dict[str, ApprovalRule] = field(default_factory=dict)
+    # spec.limits, and the operator's modelPrices (model -> Price).
+    limits: Limits = field(default_factory=Limits)
+    model_prices: dict[str, Price] = field(default_factory=dict)
 
 
 class UsageError(ValueError):
@@ -159,18 +168,53 @@ def parse_config(argv: Sequence[str] | None, environ: dict[str, str]) -> RunnerC
         # Only from the environment the operator sets (last, after the user's env).
         allow_scripted_model=environ.get(RunnerEnv.ALLOW_SCRIPTED_MODEL) == "true",
         tool_effects=_tool_effects(environ.get(RunnerEnv.TOOLS) or ""),
+        tool_approvals=_tool_approvals(environ.get(RunnerEnv.TOOLS) or ""),
+        limits=_limits(environ.get(RunnerEnv.LIMITS) or ""),
+        model_prices=_prices(environ.get(RunnerEnv.MODEL_PRICES) or ""),
     )
 
 
-def _tool_effects(raw: str) -> dict[str, str]:
-    """spec.tools as the operator passes it (JSON list of {name, effect})."""
-    if not raw:
-        return {}
+def _limits(raw: str) -> Limits:
     try:
-        return {str(t["name"]): str(t["effect"]) for t in json.loads(raw)}
-    except (ValueError, KeyError, TypeError) as e:
-        raise UsageError(f"{RunnerEnv.TOOLS} must be a JSON list of {{name, effect}}: {e}") \
-            from None
+        return Limits.parse(raw)
+    except ValueError as e:
+        raise UsageError(f"{RunnerEnv.LIMITS}: {e}") from None
+
+
+def _prices(raw: str) -> dict[str, Price]:
+    try:
+        return parse_overrides(raw)
+    except ValueError as e:
+        raise UsageError(f"{RunnerEnv.MODEL_PRICES}: {e}") from None
+
+
+def _tools(raw: str) -> list[dict[str, Any]]:
+    """spec.tools as the operator passes it (JSON list of {name, effect?, approval?,
+    approvalTimeoutSeconds?})."""
+    if not raw:
+        return []
+    try:
+        tools = json.loads(raw)
+        if not isinstance(tools, list) or not all(isinstance(t, dict) and t.get("name")
+                                                  for t in tools):
+            raise TypeError("each entry needs a name")
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"{RunnerEnv.TOOLS} must be a JSON list of {{name, effect, "
+                         f"approval}}: {e}") from None
+    return tools
+
+
+def _tool_effects(raw: str) -> dict[str, str]:
+    """spec.tools' effect classes, by tool name."""
+    return {str(t["name"]): str(t["effect"]) for t in _tools(raw) if t.get("effect")}
+
+
+def _tool_approvals(raw: str) -> dict[str, ApprovalRule]:
+    """spec.tools' approvals, by tool name (only the tools that say one)."""
+    return {str(t["name"]): ApprovalRule(
+        t["approval"] == Approval.REQUIRED,
+        int(t.get("approvalTimeoutSeconds") or Approval.DEFAULT_TIMEOUT_SECONDS))
+        for t in _tools(raw) if t.get("approval")}
 
 
 @dataclass(frozen=True)
@@ -188,6 +232,10 @@ def classify_failure(error: BaseException) -> Failure:
     from agentrun_runner.retries import EmptyModelTurn, RateLimitedAfterToolCall, causes
 
     for e in causes(error):
+        if isinstance(e, BudgetExceeded):
+            return Failure(RunnerExit.BUDGET_EXCEEDED, Reason.BUDGET_EXCEEDED, str(e))
+        if isinstance(e, AwaitingApproval):
+            return Failure(RunnerExit.AWAITING_APPROVAL, Reason.AWAITING_APPROVAL, str(e))
         if isinstance(e, RateLimitedAfterToolCall):
             return Failure(
                 RunnerExit.RATE_LIMITED_AFTER_TOOL_CALL, Reason.RATE_LIMITED_AFTER_TOOL_CALL, str(e)
@@ -262,6 +310,7 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
     from agentrun_runner.ledger import WriteAheadLedger
     from agentrun_runner.retries import CallWatch, ModelRetries
     from agentrun_runner.scripted import ScriptedLlm
+    from agentrun_runner.usage import UsageMeter
 
     try:
         me = await client.begin()
@@ -314,16 +363,26 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
         await _report(client, failure)
         return _refuse(failure.code, "agent.load_failed", failure.message)
 
-    sessions = StoreSessionService(client)
+    why = unpriced(config.limits, sorted({str(m.model) for m in models.values()}),
+                   config.model_prices)
+    if why is not None:
+        failure = Failure(RunnerExit.PRICE_UNKNOWN, Reason.PRICE_UNKNOWN, why)
+        await _report(client, failure)
+        return _refuse(failure.code, "price.unknown", failure.message)
+    budget = Budget(config.limits, Counted.of(me.usage), config.model_prices)
+    sessions = StoreSessionService(client, watch.failures)
     memory = StoreMemoryService(client)
     journal = await client.journal() if me.resume_invocation else {}
     ledger = WriteAheadLedger(client, watch.failures, root_run_uid=me.root_run_uid,
-                              overrides=config.tool_effects, journal=journal)
+                              overrides=config.tool_effects, journal=journal, budget=budget,
+                              approvals=config.tool_approvals, decisions=me.decisions)
     runner = Runner(
         app=App(
             name=config.agent,
             root_agent=root_agent,
-            plugins=[ModelRetries(models, watch), ledger, CompactionPlugin()],
+            # The budget first: a call past a limit is refused before anything records it.
+            plugins=[UsageMeter(budget, client, models, watch.failures),
+                     ModelRetries(models, watch), ledger, CompactionPlugin()],
             # A resumed attempt continues the invocation it resumes: ADK replays its pending
             # function calls (through the ledger: answered from the journal, or run again)
             # and asks the model only for what comes after the recorded responses.
@@ -389,8 +448,29 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
 
     await _remember(sessions, memory, config.agent, me, invocation_id)
     logs.info("agent.succeeded", answer=answer[:200])
+    await _record_result(client, root_agent, answer)
     await _report(client, None)
     return RunnerExit.SUCCESS
+
+
+def structured(agent: Any, answer: str) -> Any:
+    """The answer as the object of the agent's output schema, if it declares one and the
+    answer parses (None otherwise: the text stands alone)."""
+    if getattr(agent, "output_schema", None) is None:
+        return None
+    try:
+        return json.loads(answer)
+    except ValueError:
+        return None
+
+
+async def _record_result(client: StoreClient, agent: Any, answer: str) -> None:
+    """The whole answer into the store, before the outcome: the operator reads it when it
+    settles the attempt (status.result)."""
+    try:
+        await client.record_result(answer, structured(agent, answer))
+    except Exception as e:
+        logs.error("result.write_failed", error=f"{type(e).__name__}: {e}")
 
 
 def _check_resumable(session: Any, invocation_id: str) -> None:
@@ -401,9 +481,15 @@ def _check_resumable(session: Any, invocation_id: str) -> None:
             if e.invocation_id == invocation_id]
     last = mine[-1] if mine else None
     if last is None or not (last.get_function_calls() or last.get_function_responses()):
+        ends = "nothing" if last is None else (
+            f"an error event ({last.error_code}: {last.error_message})" if last.error_code
+            else f"an event of {last.author} with "
+                 + ("text" if last.content and any(p.text for p in last.content.parts or [])
+                    else "no content"))
         raise ResumeImpossible(
             f"the journal of invocation {invocation_id} does not end in a tool call or its "
-            "response, so it cannot be continued; a plain replay starts over instead")
+            f"response (it ends in {ends}), so it cannot be continued; a plain replay starts "
+            "over instead")
 
 
 class ResumeImpossible(RuntimeError):

@@ -6,6 +6,8 @@ One entry is consumed per model call (a retried call consumes the next one):
   {"sleep": 30}                           the model takes 30 s; the next entry is the answer
   {"error": 429, "retry_delay": 1}        the same error a real Gemini 429 raises
   {"empty": true}                         an empty turn (no text, no call)
+Each answering entry may carry "usage": {"inputTokens": N, "outputTokens": M}, reported
+as the model's usage (default 100 and 10).
 A script that runs out answers with its last text.
 
 A resumed attempt continues its script: on its first call, the model skips the entries
@@ -31,6 +33,8 @@ from pydantic import PrivateAttr
 from agentrun.vocabulary import ENV_SCRIPT, ENV_SCRIPT_TRANSCRIPT, SCRIPTED_MODEL
 
 DEFAULT_RETRY_DELAY_SECONDS = 1.0
+# What a script entry without "usage" counts (api.md: 100 input, 10 output tokens).
+DEFAULT_USAGE = {"inputTokens": 100, "outputTokens": 10}
 
 
 class ScriptError(ValueError):
@@ -153,32 +157,36 @@ class ScriptedLlm(BaseLlm):
             await asyncio.sleep(float(entry["sleep"]))
             entry = self._next()
         if entry is None:
-            yield _text(self._last_text())
+            yield _text(self._last_text(), {})
         elif "error" in entry:
             code = int(entry["error"])
             if code == 429:
                 raise rate_limit_error(float(entry.get("retry_delay", DEFAULT_RETRY_DELAY_SECONDS)))
             raise _api_error(code)
         elif entry.get("empty"):
-            yield _answer([])
+            yield _answer([], entry)
         elif "call" in entry:
             call = types.FunctionCall(
                 name=str(entry["call"]),
                 args=dict(entry.get("args") or {}),
                 id=f"scripted-{uuid.uuid4().hex[:12]}",
             )
-            yield _answer([types.Part(function_call=call)])
+            yield _answer([types.Part(function_call=call)], entry)
         else:
-            yield _text(str(entry["text"]))
+            yield _text(str(entry["text"]), entry)
 
 
-def _answer(parts: list[types.Part]) -> LlmResponse:
-    # Zero usage, so that ADK's token metrics do not warn about a missing count.
+def _answer(parts: list[types.Part], entry: dict[str, Any]) -> LlmResponse:
+    # The usage the entry says, as a model reports it (so that tests of usage and limits
+    # are exact): DEFAULT_USAGE without one.
+    said = entry.get("usage") or {}
+    prompt = int(said.get("inputTokens", DEFAULT_USAGE["inputTokens"]))
+    output = int(said.get("outputTokens", DEFAULT_USAGE["outputTokens"]))
     usage = types.GenerateContentResponseUsageMetadata(
-        prompt_token_count=0, candidates_token_count=0, total_token_count=0
-    )
+        prompt_token_count=prompt, candidates_token_count=output,
+        total_token_count=prompt + output)
     return LlmResponse(content=types.Content(role="model", parts=parts), usage_metadata=usage)
 
 
-def _text(text: str) -> LlmResponse:
-    return _answer([types.Part(text=text)])
+def _text(text: str, entry: dict[str, Any]) -> LlmResponse:
+    return _answer([types.Part(text=text)], entry)

@@ -29,6 +29,7 @@ from google.adk.sessions.base_session_service import (
 from google.adk.sessions.session import Session
 
 from agentrun.vocabulary import RunnerEnv
+from agentrun_runner.stops import AttemptStop
 
 # A store API that restarts is back within seconds; a request that never left (connection
 # refused) is sent again, for about 8 s in all (then the run fails saying so: a store API
@@ -68,6 +69,12 @@ class Identity:
     input_digest: str | None
     root_run_uid: str = ""
     resume_invocation: str | None = None  # the invocation this attempt continues
+    # What the run used before this attempt (a resume continues the count): the store's
+    # camelCase usage, where spec.limits' count starts.
+    usage: dict[str, Any] = field(default_factory=dict)
+    # The decisions on the run's calls that waited for one, by call id: {decision,
+    # approver, note}.
+    decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -181,7 +188,9 @@ class StoreClient:
                         agent=data["agent"], user_id=data["userId"],
                         session_id=data["sessionId"], input_digest=data.get("inputDigest"),
                         root_run_uid=data.get("rootRunUid") or data["runUid"],
-                        resume_invocation=data.get("resumeInvocation"))
+                        resume_invocation=data.get("resumeInvocation"),
+                        usage=dict(data.get("usage") or {}),
+                        decisions=dict(data.get("decisions") or {}))
 
     async def record_invocation(self, invocation_id: str) -> None:
         await self.request("POST", "/v1/attempt/invocation", {"invocationId": invocation_id})
@@ -191,6 +200,26 @@ class StoreClient:
         data = await self.request("POST", "/v1/attempt/outcome",
                                   {"status": status, "reason": reason, "message": message})
         return bool(data.get("recorded"))
+
+    async def report_usage(self, model: str, input_tokens: int, output_tokens: int,
+                           cost_micro_usd: int | None) -> None:
+        """One model call's usage, as the model reported it, and its cost (None: the
+        model has no known price)."""
+        await self.request("POST", "/v1/usage", {
+            "model": model, "inputTokens": input_tokens, "outputTokens": output_tokens,
+            "costMicroUSD": cost_micro_usd})
+
+    async def request_approval(self, seq: int, tool: str, call_id: str,
+                               args: Mapping[str, Any], digest: str,
+                               timeout_seconds: int) -> None:
+        """Writes down that this call waits for a decision (never started)."""
+        await self.request("POST", "/v1/approvals", {
+            "seq": seq, "tool": tool, "callId": call_id, "args": dict(args),
+            "argsDigest": digest, "timeoutSeconds": timeout_seconds})
+
+    async def record_result(self, text: str, parsed: Any = None) -> None:
+        """The agent's final answer, whole (and the parsed object of an output schema)."""
+        await self.request("POST", "/v1/attempt/result", {"text": text, "json": parsed})
 
     async def input(self) -> Snapshot | None:
         data = await self.request("GET", "/v1/input", missing_ok=True)
@@ -262,8 +291,12 @@ class StoreSessionService(BaseSessionService):
     trusted here.
     """
 
-    def __init__(self, client: StoreClient) -> None:
+    def __init__(self, client: StoreClient,
+                 stops: Sequence[BaseException] = ()) -> None:
         self._client = client
+        # The failures the runner's plugins raised (watch.failures): a stop among them
+        # marks its error event as the runner's own.
+        self._stops = stops
 
     async def create_session(self, *, app_name: str, user_id: str,
                              state: dict[str, Any] | None = None,
@@ -301,6 +334,11 @@ class StoreSessionService(BaseSessionService):
 
     async def append_event(self, session: Session, event: Event) -> Event:
         if event.partial:
+            return event
+        if event.error_code and not event.content and any(
+                isinstance(f, AttemptStop) for f in self._stops):
+            # The error event of the runner's own stop (stops.py): not the conversation's,
+            # kept out of the journal, which then ends where it stood.
             return event
         # ADK's bookkeeping on the in-memory session first (temp state stays here and is
         # trimmed from what is stored), then the event goes to the store.

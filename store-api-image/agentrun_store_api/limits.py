@@ -46,6 +46,12 @@ TOKEN_BYTES: Final = 16 * KiB
 # TokenReviews in flight at once: each holds a thread; more wait.
 TOKEN_REVIEWS_IN_FLIGHT: Final = 4
 
+# The agent's final answer: the store keeps it whole (the run's status shows 4 KiB of it),
+# and an answer is a message for a human, not a document.
+ANSWER_BYTES: Final = 1 * MiB
+# The arguments of a call that waits for an approval, JSON.
+APPROVAL_ARGS_BYTES: Final = 256 * KiB
+
 # -- request bodies, by route (routes.ROUTES names) -----------------------------------------
 
 # The first event of a run carries its input files inline, base64: up to 16 files of up to
@@ -90,6 +96,12 @@ BODY_BYTES: Final[Mapping[str, int]] = {
     "search_memory": 4 * QUERY_BYTES,
     # A sample tool's arguments (an email's body).
     "record_side_effect": 256 * KiB,
+    # A model call's usage: a model name and three numbers.
+    "usage": 4 * KiB,
+    # The agent's final answer, whole, and its parsed object.
+    "result": 2 * ANSWER_BYTES + 64 * KiB,
+    # A call that waits for an approval, with its arguments (what an approver reads).
+    "request_approval": APPROVAL_ARGS_BYTES + 16 * KiB,
 }
 # The largest of them: aiohttp's own bound, behind ours.
 MAX_BODY: Final = max(BODY_BYTES.values())
@@ -113,6 +125,10 @@ OUTBOX_ROWS_PER_ATTEMPT: Final = LEDGER_ROWS_PER_ATTEMPT
 # Memory: the runner writes its turn's events once, at the end (text only).
 MEMORY_ENTRIES_PER_ATTEMPT: Final = EVENTS_PER_ATTEMPT
 MEMORY_BYTES_PER_ATTEMPT: Final = 16 * MiB
+# Model calls reported: ADK's cap of 500 per invocation, eight times.
+MODEL_CALLS_PER_ATTEMPT: Final = 4_000
+# How long a call may wait for an approval (spec.tools[].approvalTimeoutSeconds): a month.
+APPROVAL_SECONDS: Final = 30 * 86400
 
 
 def shown(size: int) -> str:

@@ -42,6 +42,31 @@ TOKEN_REVIEWS = Counter(
 )
 
 
+# A run's model usage, as its runner reports each call (agentrun_store_api.routes.usage):
+# namespace and agent as the store recorded them for the attempt, the model as the runner
+# names it (models.model_label keeps that label to a bounded word).
+MODEL_CALLS = Counter(
+    "agentrun_model_calls_total", "Model calls of runs, by namespace, agent and model.",
+    ["namespace", "agent", "model"])
+MODEL_TOKENS = Counter(
+    "agentrun_model_tokens_total",
+    "Tokens of runs' model calls, from the model's own usage report, by namespace, agent, "
+    "model and kind (input, output).", ["namespace", "agent", "model", "kind"])
+MODEL_COST = Counter(
+    "agentrun_model_cost_micro_usd_total",
+    "Estimated cost of runs' model calls in millionths of a US dollar (calls of a model "
+    "with no known price are not counted), by namespace, agent and model.",
+    ["namespace", "agent", "model"])
+
+
+def model_label(model: str) -> str:
+    """A model's name as a label value: at most 64 characters of [A-Za-z0-9._/:@-],
+    else `other` (a runner names its model; a label must not grow without bound)."""
+    if 0 < len(model) <= 64 and all(c.isalnum() or c in "._/:@-" for c in model):
+        return model
+    return "other"
+
+
 def serve(port: int) -> None:
     """Serves /metrics on `port` (0: not at all)."""
     if port:

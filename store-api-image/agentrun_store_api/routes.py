@@ -16,6 +16,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiohttp import web
@@ -27,11 +28,12 @@ from agentrun.store.memory import StoreMemoryService, keywords, memory_entries
 from agentrun.vocabulary import (
     DEFAULT_MEMORY_TTL_DAYS,
     ENV_MEMORY_TTL_DAYS,
+    ApprovalDecision,
     LedgerOutcome,
     Reason,
     RunStatus,
 )
-from agentrun_store_api import limits
+from agentrun_store_api import limits, metrics
 from agentrun_store_api.auth import Caller
 from agentrun_store_api.quotas import Quotas, Usage
 from agentrun_store_api.refusal import Refused
@@ -72,6 +74,9 @@ ROUTES = (
     Route("add_memory", "POST", "/v1/memory/events"),
     Route("search_memory", "POST", "/v1/memory/search"),
     Route("record_side_effect", "POST", "/v1/outbox", takes=Usage(outbox_rows=1)),
+    Route("usage", "POST", "/v1/usage"),
+    Route("result", "POST", "/v1/attempt/result"),
+    Route("request_approval", "POST", "/v1/approvals"),
 )
 BY_NAME = {r.name: r for r in ROUTES}
 
@@ -207,13 +212,25 @@ class Routes:
     # -- the attempt -------------------------------------------------------------------
 
     async def whoami(self, _: web.Request, caller: Caller) -> dict[str, Any]:
+        used = await store.run_usage(self.engine, caller.run_uid,
+                                     before_attempt=caller.attempt)
+        decided = [a for a in await store.approvals_of(self.engine, caller.run_uid)
+                   if not a.pending]
         return {"namespace": caller.namespace, "runName": caller.run_name,
                 "runUid": caller.run_uid, "attempt": caller.attempt, "agent": caller.agent,
                 "userId": caller.user_id, "sessionId": caller.session_id,
                 "inputDigest": caller.input_digest,
                 # Idempotency keys are the lineage's: a replay run's are its original's.
                 "rootRunUid": await store.lineage_root(self.engine, caller.run_uid),
-                "resumeInvocation": await self._resume_invocation(caller)}
+                "resumeInvocation": await self._resume_invocation(caller),
+                # Where spec.limits' count starts for this attempt (a resume continues it).
+                "usage": {"modelCalls": used.model_calls, "toolCalls": used.tool_calls,
+                          "inputTokens": used.input_tokens,
+                          "outputTokens": used.output_tokens,
+                          "costMicroUSD": used.cost_micro_usd},
+                # The decisions on the run's calls that waited for one.
+                "decisions": {a.call_id: {"decision": a.decision, "approver": a.approver,
+                                          "note": a.note} for a in decided}}
 
     async def _resume_invocation(self, caller: Caller) -> str | None:
         """The invocation this attempt continues, when it resumes an earlier one."""
@@ -456,9 +473,10 @@ class Routes:
     async def close_call(self, request: web.Request, caller: Caller) -> None:
         data = await body_of(request)
         outcome = field(data, "outcome", str)
-        if outcome not in (LedgerOutcome.OK, LedgerOutcome.ERROR, LedgerOutcome.JOURNAL):
-            raise Refused(400, f"outcome must be {LedgerOutcome.OK}, {LedgerOutcome.ERROR} or "
-                               f"{LedgerOutcome.JOURNAL}")
+        allowed = (LedgerOutcome.OK, LedgerOutcome.ERROR, LedgerOutcome.JOURNAL,
+                   LedgerOutcome.DENIED)
+        if outcome not in allowed:
+            raise Refused(400, f"outcome must be one of {', '.join(allowed)}")
         try:
             seq = int(request.match_info["seq"])
         except ValueError as e:
@@ -470,6 +488,14 @@ class Routes:
                 await self._journal_entries(caller) if resuming else [])
             if refused is not None:
                 raise Refused(409, refused)
+        if outcome == LedgerOutcome.DENIED:
+            # Left out of toolsExecuted: only a call its approver denied closes so.
+            call = await self._call(caller, seq)
+            denied = {a.call_id for a in await store.approvals_of(self.engine, caller.run_uid)
+                      if a.decision == ApprovalDecision.DENY}
+            if call is None or call.call_id not in denied:
+                raise Refused(409, f"call {seq} of attempt {caller.attempt} was not denied by "
+                                   "an approver: it closes ok or error")
         result = data.get("result")
         size = len(json.dumps(result, separators=(",", ":"))) if result is not None else 0
         if size > limits.RESULT_BYTES:
@@ -525,6 +551,70 @@ class Routes:
         found = await self.memory.search_memory(
             app_name=caller.app_name, user_id=caller.user_id, query=query)
         return json.loads(found.model_dump_json(exclude_none=True))
+
+    # -- its outcome: model usage, the answer, calls that wait ----------------------------
+
+    async def usage(self, request: web.Request, caller: Caller) -> None:
+        """One model call's usage, as the model reported it to the runner."""
+        data = await body_of(request)
+        model = field(data, "model", str)
+        numbers = [field(data, name, int) for name in ("inputTokens", "outputTokens")]
+        cost = field(data, "costMicroUSD", int, optional=True)
+        if not 0 < len(model) <= 256 or min([*numbers, cost or 0]) < 0:
+            raise Refused(400, "a usage report names its model (at most 256 characters) "
+                               "and counts of 0 or more")
+        calls = await store.add_usage(self.engine, caller.run_uid, caller.attempt, model,
+                                      numbers[0], numbers[1], cost)
+        if calls > limits.MODEL_CALLS_PER_ATTEMPT:
+            raise Refused(429, f"attempt {caller.attempt} of run {caller.run_name} reported "
+                               f"{calls:,} model calls: one attempt may report at most "
+                               f"{limits.MODEL_CALLS_PER_ATTEMPT:,}")
+        label = metrics.model_label(model)
+        who = (caller.namespace, caller.agent, label)
+        metrics.MODEL_CALLS.labels(*who).inc()
+        metrics.MODEL_TOKENS.labels(*who, "input").inc(numbers[0])
+        metrics.MODEL_TOKENS.labels(*who, "output").inc(numbers[1])
+        if cost is not None:
+            metrics.MODEL_COST.labels(*who).inc(cost)
+
+    async def result(self, request: web.Request, caller: Caller) -> dict[str, Any]:
+        """The agent's final answer, whole (the first report of the attempt counts)."""
+        data = await body_of(request)
+        text = field(data, "text", str)
+        parsed = data.get("json")
+        for what, size in (("answer", len(text.encode())), ("answer's object", len(
+                json.dumps(parsed, separators=(",", ":"))) if parsed is not None else 0)):
+            if size > limits.ANSWER_BYTES:
+                raise Refused(413, f"an {what} is kept up to "
+                                   f"{limits.shown(limits.ANSWER_BYTES)}; this one is "
+                                   f"{limits.shown(size)}")
+        return {"recorded": await store.record_result(self.engine, caller.run_uid,
+                                                      caller.attempt, text, parsed)}
+
+    async def request_approval(self, request: web.Request, caller: Caller) -> dict[str, Any]:
+        """A call that waits for a human's decision: written down, never started. Its
+        digest must be that of its arguments (what an approval approves)."""
+        data = await body_of(request)
+        seq, tool = field(data, "seq", int), field(data, "tool", str)
+        call_id, args = field(data, "callId", str), field(data, "args", dict)
+        digest = field(data, "argsDigest", str)
+        if digest != effects.args_digest(args):
+            raise Refused(400, f"argsDigest {digest} is not the digest of the call's "
+                               f"arguments ({effects.args_digest(args)})")
+        timeout = field(data, "timeoutSeconds", int)
+        if not 1 <= timeout <= limits.APPROVAL_SECONDS:
+            raise Refused(400, f"timeoutSeconds must be between 1 and "
+                               f"{limits.APPROVAL_SECONDS:,}")
+        waiting = await store.request_approval(
+            self.engine, caller.run_uid, caller.attempt, seq, call_id, tool,
+            json.dumps(args, sort_keys=True, separators=(",", ":"), default=repr), digest,
+            datetime.now(UTC) + timedelta(seconds=timeout))
+        if (waiting.attempt, waiting.seq, waiting.tool, waiting.args_digest) != (
+                caller.attempt, seq, tool, digest):
+            raise Refused(409, f"call {call_id} of run {caller.run_name} waited already, as "
+                               f"call {waiting.seq} ({waiting.tool}) of attempt "
+                               f"{waiting.attempt}")
+        return {"expiresAt": waiting.expires_at.isoformat()}
 
     async def record_side_effect(self, request: web.Request, caller: Caller) -> dict[str, Any]:
         data = await body_of(request)

@@ -82,6 +82,8 @@ PHASES = {
         "observed": ("Progressing", kstatus.IN_PROGRESS),
         "pending": ("Progressing", kstatus.IN_PROGRESS),
         "running": ("Progressing", kstatus.IN_PROGRESS),
+        # Ready False, nothing reconciling, nothing stalled: kstatus reads InProgress.
+        "waiting": ("Suspended", kstatus.IN_PROGRESS),
         "succeeded": ("Healthy", kstatus.CURRENT),
         "failed": ("Degraded", kstatus.FAILED),
         "cancelled": ("Degraded", kstatus.FAILED),

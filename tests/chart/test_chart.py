@@ -552,6 +552,11 @@ OPERATOR_RIGHTS: list[tuple[tuple[str, ...], bool]] = [
     (("watch", "agentrunreplays.agentrun.dev", "-A"), True),
     (("get", "secrets", "-n", "tenant"), True),  # input files (operator.namespaces empty)
     (("get", "configmaps", "-n", "tenant"), True),
+    # Approvals: watched, their verdict written; never created (people decide).
+    (("watch", "agentrunapprovals.agentrun.dev", "-A"), True),
+    (("update", "agentrunapprovals.agentrun.dev", "--subresource=status", "-n", "tenant"),
+     True),
+    (("create", "agentrunapprovals.agentrun.dev", "-n", "tenant"), False),
     # A replay is decided for its requester (replay.py asks the authorizer about them).
     (("create", "subjectaccessreviews.authorization.k8s.io"), True),
     # Nothing it does not need.

@@ -57,6 +57,25 @@ def test_demo_tells_the_story_and_leaves_the_cluster_up(tmp_path: Path) -> None:
         assert ("it may or may not have happened, and charge_card is Effectful. Check "
                 "whether it happened; annotate agentrun.dev/force-replay=true to resume and "
                 "call it again.") in out
+        # 9. the answer and the usage on the run
+        assert "Refunded customer 45 and told them." in out
+        assert ('{"inputTokens":1200,"modelCalls":2,"outputTokens":50,"toolCalls":1}' in out)
+        # 10. the budget: two model calls, the third step never ran
+        assert ("maxModelCalls 2 reached after 2 model calls (220 tokens); no further call "
+                "was made.") in out
+        assert "Emails sent by chatty-46: 1; CRM updates: 0" in out
+        # 11. the payment waits with no pod; sam is refused; ann approves; charged once
+        assert "pay-47   support-agent   Waiting   AwaitingApproval" in out
+        assert "No resources found in demo namespace." in out
+        assert "agentrunapprovals.agentrun.dev is forbidden: User \"sam\"" in out \
+            or 'agentrunapprovals.agentrun.dev is forbidden: User "sam"' in out
+        assert "Accepted (Decided): Call 1 (charge_card) of AgentRun pay-47 is approved by ann" \
+            in out
+        assert "Charges of pay-47: 1" in out
+        # 12. denied: never charged, the agent says so
+        assert "The charge was denied, so customer 48 was not charged." in out
+        assert "denied by its approver (never run)" in out
+        assert "Charges of pay-48: 0" in out
         # the way to look around, and the cluster still up
         assert f"export KUBECONFIG={state / 'kubeconfig'}" in out
         assert "kubectl agentrun why lookup-7-again -n demo" in out

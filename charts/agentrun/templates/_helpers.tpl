@@ -70,6 +70,13 @@ per namespace of operator.namespaces, or a ClusterRole when it is empty).
 - apiGroups: [agentrun.dev]
   resources: [agentruns/status, agentrunreplays/status]
   verbs: [get, patch, update]
+# Approvals: watched, and their verdict written (never created: people decide).
+- apiGroups: [agentrun.dev]
+  resources: [agentrunapprovals]
+  verbs: [get, list, watch]
+- apiGroups: [agentrun.dev]
+  resources: [agentrunapprovals/status]
+  verbs: [get, update]
 # Runner pods: the informer lists and watches them (filtered by the label agentrun.dev/run
 # on the server); create (and its start-up dry run), delete (a stopped attempt, a
 # cancelled run, a settled run's pods past podTTLAfterFinishedSeconds; always with the

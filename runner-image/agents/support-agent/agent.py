@@ -15,6 +15,7 @@ import asyncio
 import os
 
 from google.adk.agents import LlmAgent
+from google.adk.tools.function_tool import FunctionTool
 from google.adk.tools.tool_context import ToolContext
 
 from agentrun import effects
@@ -66,6 +67,13 @@ async def charge_card(customer: str, amount: float, delay_seconds: float = 0) ->
     return {"status": "charged", "customer": customer, "amount": amount}
 
 
+async def issue_refund(customer: str, amount: float) -> dict:
+    """Refunds a customer (Effectful). Declared with ADK's own require_confirmation, so
+    each call waits for a human's decision (an AgentRunApproval) before it runs."""
+    await _act("issue_refund", {"customer": customer, "amount": amount})
+    return {"status": "refunded", "customer": customer, "amount": amount}
+
+
 # What load_history holds on to while the run lasts.
 _loaded: list[bytearray] = []
 
@@ -91,5 +99,6 @@ root_agent = LlmAgent(
         "decide what to do, email the customer with send_email when an answer is needed, "
         "record the case status with update_crm, then summarise what you did in one sentence."
     ),
-    tools=[read_message, send_email, update_crm, charge_card, load_history],
+    tools=[read_message, send_email, update_crm, charge_card, load_history,
+           FunctionTool(issue_refund, require_confirmation=True)],
 )

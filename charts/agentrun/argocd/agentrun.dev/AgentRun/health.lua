@@ -1,6 +1,7 @@
 -- Argo CD health of an AgentRun (docs/gitops.md). A run that is still going is
 -- Progressing, one that succeeded is Healthy, one that failed or was cancelled is Degraded:
--- it will not change by itself, someone has to look (and maybe replay it).
+-- it will not change by itself, someone has to look (and maybe replay it). One that waits
+-- for a human's approval of a tool call is Suspended, saying which call.
 -- The phase decides; a status without a phase (the operator has seen the run but not yet
 -- given it one) falls back to the Ready and Stalled conditions of api.md.
 local health = {}
@@ -52,6 +53,11 @@ elseif phase == "Failed" or phase == "Cancelled" then
 elseif phase == "Pending" or phase == "Running" then
   health.status = "Progressing"
   health.message = said(status, "The run is " .. in_words[phase])
+elseif phase == "Waiting" then
+  health.status = "Suspended"
+  local pending = status.pendingApproval or {}
+  health.message = said(status, "The run waits for an approval of " ..
+                        (pending.tool or "a tool call"))
 else
   local stalled = condition(status, "Stalled")
   local ready = condition(status, "Ready")

@@ -1,0 +1,148 @@
+"""An AgentRunApproval: a human's decision on one call a run waits for.
+
+`judge(...)` is the pure decision (tests/unit/test_approval.py holds its table); the
+reconcile gathers the facts (the AgentRun, the call it waits for in the store), calls it,
+writes the decision into the store when it is the one (first valid approval wins, atomically
+in the store: `store.decide`), and shows the verdict. The run's own reconcile then resumes
+it (reconcile._waiting). An approval is decided once: its status is final.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentrun import store
+from agentrun.vocabulary import (
+    APPROVAL_PLURAL,
+    ApprovalDecision,
+    ApprovalPhase,
+    ApprovalReason,
+)
+from agentrun_operator import events, metrics
+from agentrun_operator import status as st
+from agentrun_operator.reconcile import Context, now
+
+log = logging.getLogger("agentrun.operator")
+
+# status.pendingApproval.args: the first ARGS_SHOWN bytes of the arguments' JSON.
+ARGS_SHOWN = 1024
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """phase (ApprovalPhase), reason (ApprovalReason) and one sentence."""
+
+    phase: str
+    reason: str
+    message: str
+
+    @property
+    def decides(self) -> bool:
+        return self.reason == ApprovalReason.DECIDED
+
+
+def judge(spec: Mapping[str, Any], run_name: str, run_exists: bool,
+          pending: store.Approval | None, decided: Sequence[store.Approval]) -> Verdict:
+    """What an AgentRunApproval with `spec` does (api.md, "Approval"), first match wins:
+    no such run; the call it names is not the one waiting (decided already, or never
+    asked for); the arguments it approves are not the call's; else it decides the call.
+    `pending`: the call the run waits for; `decided`: its calls decided before."""
+    seq, digest = int(spec.get("seq") or 0), str(spec.get("argsDigest") or "")
+    if not run_exists:
+        return Verdict(ApprovalPhase.REJECTED, ApprovalReason.RUN_NOT_FOUND,
+                       f"AgentRun {run_name} does not exist in this namespace: check "
+                       "spec.runName.")
+    if pending is None or pending.seq != seq:
+        done = next((a for a in reversed(decided) if a.seq == seq), None)
+        if done is not None and (pending is None or done.attempt >= pending.attempt):
+            return Verdict(ApprovalPhase.REJECTED, ApprovalReason.ALREADY_DECIDED,
+                           f"Call {seq} ({done.tool}) of AgentRun {run_name} was already "
+                           f"decided: {done.decision} by {done.approver}. One decision per "
+                           "call; the first valid one stands.")
+        waiting = (f"it waits for call {pending.seq} ({pending.tool})" if pending is not None
+                   else "it waits for no approval")
+        return Verdict(ApprovalPhase.REJECTED, ApprovalReason.NOT_PENDING,
+                       f"AgentRun {run_name} does not wait for an approval of call {seq}: "
+                       f"{waiting}. See its status.pendingApproval.")
+    if digest != pending.args_digest:
+        return Verdict(ApprovalPhase.REJECTED, ApprovalReason.ARGS_MISMATCH,
+                       f"spec.argsDigest {digest or '(none)'} is not the digest of the "
+                       f"arguments of call {seq} ({pending.tool}), {pending.args_digest}: "
+                       "an approval approves exactly the arguments it names. The run keeps "
+                       "waiting; look at status.pendingApproval and decide again.")
+    said = "approved" if spec.get("decision") == ApprovalDecision.APPROVE else "denied"
+    return Verdict(ApprovalPhase.ACCEPTED, ApprovalReason.DECIDED,
+                   f"Call {seq} ({pending.tool}) of AgentRun {run_name} is {said} by "
+                   f"{spec.get('approver')}; the run goes on.")
+
+
+def pending_status(waiting: store.Approval) -> dict[str, Any]:
+    """status.pendingApproval of the call a run waits for."""
+    args = waiting.args
+    shown = st.utf8_prefix(args, ARGS_SHOWN)
+    return {"attempt": waiting.attempt, "seq": waiting.seq, "tool": waiting.tool,
+            "argsDigest": waiting.args_digest, "args": shown, "argsTruncated": shown != args,
+            "requestedAt": st.stamp(waiting.requested_at),
+            "expiresAt": st.stamp(waiting.expires_at)}
+
+
+def call_text(waiting: store.Approval, limit: int = 200) -> str:
+    """`tool(arg=value, ...)`, shortened, for messages and Events."""
+    try:
+        args = json.loads(waiting.args)
+        inner = ", ".join(f"{k}={json.dumps(v)}" for k, v in args.items())
+    except (ValueError, AttributeError):
+        inner = waiting.args
+    said = f"{waiting.tool}({inner})"
+    return said if len(said) <= limit else said[: limit - 1] + "…"
+
+
+async def reconcile_approval(ctx: Context, namespace: str, name: str) -> float | None:
+    """The work queue's entry point for AgentRunApprovals."""
+    approval = ctx.approvals.get((namespace, name))
+    if approval is None and ctx.pods is None:  # no caches (a step called directly)
+        approval = await ctx.kube.read_custom(APPROVAL_PLURAL, namespace, name)
+    if approval is None or (approval.get("status") or {}).get("phase"):
+        return None  # gone, or decided: final
+    spec = approval.get("spec") or {}
+    run_name = str(spec.get("runName") or "")
+    run = await ctx.run(namespace, run_name)
+    pending = decided = None
+    if run is not None:
+        uid = run["metadata"]["uid"]
+        pending = await store.pending_approval(ctx.engine, uid)
+        decided = [a for a in await store.approvals_of(ctx.engine, uid) if not a.pending]
+    verdict = judge(spec, run_name, run is not None, pending, decided or [])
+    if verdict.decides:
+        assert run is not None and pending is not None
+        won = await store.decide(ctx.engine, run["metadata"]["uid"], pending.call_id,
+                                 str(spec["decision"]), str(spec["approver"]),
+                                 spec.get("note"), name)
+        if not won:  # another approval (or the timeout) decided it a moment before
+            decided = [a for a in await store.approvals_of(ctx.engine, run["metadata"]["uid"])
+                       if not a.pending]
+            verdict = judge(spec, run_name, True, None, decided)
+        else:
+            ctx.queue.add(("run", namespace, run_name))
+            events.post(run, "ApprovalDecided", verdict.message)
+            metrics.approval_decided(pending, str(spec["decision"]), now())
+    await _show(ctx, approval, verdict)
+    log.info("event=approval-judged approval=%s/%s run=%s phase=%s reason=%s", namespace,
+             name, run_name, verdict.phase, verdict.reason)
+    return None
+
+
+async def _show(ctx: Context, approval: Mapping[str, Any], verdict: Verdict) -> None:
+    meta = approval["metadata"]
+    status = st.with_gitops_conditions(
+        {"phase": verdict.phase, "reason": verdict.reason, "message": verdict.message,
+         "decidedAt": st.stamp(now())}, meta.get("generation"), now())
+    written = await ctx.kube.replace_status(APPROVAL_PLURAL, approval, status)
+    ctx.approvals[(meta["namespace"], meta["name"])] = written
+    events.post(approval, verdict.reason, verdict.message,
+                warning=verdict.phase == ApprovalPhase.REJECTED)
+

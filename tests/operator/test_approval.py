@@ -1,0 +1,275 @@
+"""Approval before an effect: a call that needs one waits (no pod), an approver decides
+with an AgentRunApproval, the call runs once or is denied, with real runners, real RBAC and
+admission, and the operator restarted while a run waits."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from agentrun import store
+from agentrun.vocabulary import (
+    APPROVER_CLUSTER_ROLE,
+    GROUP,
+    VERSION,
+    ApprovalPhase,
+    ApprovalReason,
+    LedgerOutcome,
+    Phase,
+    Reason,
+    ReplayReason,
+)
+from tests.harness import System, agent_run, in_namespace
+
+APPROVALS = f"agentrunapprovals.{GROUP}"
+CHARGE = {"customer": "42", "amount": 120}
+SCRIPT = [{"call": "read_message", "args": {}}, {"call": "charge_card", "args": CHARGE},
+          {"text": "Charged customer 42."}]
+REQUIRED = [{"name": "charge_card", "effect": "Effectful", "approval": "Required"}]
+
+
+def bind(system: System, namespace: str, user: str, role: str) -> None:
+    system.kubectl("create", "rolebinding", f"{user}-{role}", "-n", namespace,
+                   f"--clusterrole={role}", f"--user={user}")
+
+
+@pytest.fixture
+def people(system: System, namespace: str) -> str:
+    """ann may approve (agentrun-approver); sam may only edit (agentrun-edit)."""
+    bind(system, namespace, "ann", APPROVER_CLUSTER_ROLE)
+    bind(system, namespace, "sam", "agentrun-edit")
+    return namespace
+
+
+def waiting(system: System, namespace: str, name: str) -> dict[str, Any]:
+    return system.wait_run(namespace, name, lambda r: (r.get("status") or {}).get(
+        "phase") == Phase.WAITING)
+
+
+def settled(system: System, namespace: str, name: str) -> dict[str, Any]:
+    return system.wait_run(namespace, name, lambda r: (r.get("status") or {}).get(
+        "phase") in (Phase.SUCCEEDED, Phase.FAILED) and r["status"].get(
+        "toolsExecuted") is not None)["status"]
+
+
+def approval(namespace: str, name: str, run: str, pending: dict[str, Any], approver: str,
+             decision: str = "Approve", note: str | None = None,
+             digest: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"runName": run, "seq": pending["seq"],
+                            "argsDigest": digest or pending["argsDigest"],
+                            "decision": decision, "approver": approver}
+    if note:
+        spec["note"] = note
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentRunApproval",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def create_as(system: System, user: str, manifest: dict[str, Any]) -> Any:
+    return system.kubectl("create", "-f", "-", input=json.dumps(manifest), as_user=user,
+                          check=False)
+
+
+def verdict(system: System, namespace: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+
+    def judged() -> bool:
+        nonlocal found
+        found = system.get(APPROVALS, namespace, name) or {}
+        return bool((found.get("status") or {}).get("phase"))
+
+    deadline = time.monotonic() + 60
+    while not judged():
+        assert time.monotonic() < deadline, f"AgentRunApproval {name} not judged: {found}"
+        time.sleep(0.2)
+    return dict(found["status"])
+
+
+def charges(system: System, run: str) -> list[Any]:
+    return [r for r in system.store(lambda e: store.outbox(e, run)) if r.tool == "charge_card"]
+
+
+def live_pods(system: System, namespace: str, run: str) -> list[str]:
+    done = system.kubectl("get", "pods", "-n", namespace, "-l", f"agentrun.dev/run={run}",
+                          "-o", "json")
+    return [p["metadata"]["name"] for p in json.loads(done.stdout)["items"]]
+
+
+def test_a_required_call_waits_without_a_pod_and_runs_once_when_approved(
+        system: System, people: str) -> None:
+    ns = people
+    system.apply(in_namespace(agent_run("pay", SCRIPT, tools=REQUIRED), ns))
+    run = waiting(system, ns, "pay")
+    status = run["status"]
+    assert status["reason"] == Reason.AWAITING_APPROVAL
+    pending = status["pendingApproval"]
+    assert (pending["tool"], pending["seq"], pending["attempt"]) == ("charge_card", 2, 1)
+    assert json.loads(pending["args"]) == CHARGE
+    assert pending["argsDigest"] == store.args_digest(CHARGE)
+    assert status["toolsExecuted"] == ["read_message"]  # charge_card asked for, not run
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["ApprovalPending"]["status"] == "True"
+    assert (conditions["Ready"]["status"], conditions["Reconciling"]["status"]) == (
+        "False", "False")
+    assert charges(system, "pay") == []
+    # No compute while a human decides: the attempt's pod is gone.
+    system.wait_run(ns, "pay", lambda r: live_pods(system, ns, "pay") == [])
+
+    done = create_as(system, "ann", approval(ns, "pay-call-2", "pay", pending, "ann",
+                                             note="customer confirmed"))
+    assert done.returncode == 0, done.stderr
+    assert (verdict(system, ns, "pay-call-2")["reason"]) == ApprovalReason.DECIDED
+    status = settled(system, ns, "pay")
+    assert status["phase"] == Phase.SUCCEEDED, status
+    assert status["toolsExecuted"] == ["read_message", "charge_card"]
+    assert len(charges(system, "pay")) == 1
+    assert status["attempts"] == 2
+    assert "pendingApproval" not in status or status["pendingApproval"] is None
+    # A second approval of the decided call is rejected, and changes nothing.
+    again = create_as(system, "ann", approval(ns, "pay-call-2-again", "pay", pending, "ann",
+                                              decision="Deny"))
+    assert again.returncode == 0, again.stderr
+    assert verdict(system, ns, "pay-call-2-again")["reason"] == ApprovalReason.ALREADY_DECIDED
+    assert len(charges(system, "pay")) == 1
+
+
+def test_a_denied_call_never_runs_and_the_model_is_told(
+        system: System, people: str) -> None:
+    ns = people
+    system.apply(in_namespace(agent_run("no-pay", SCRIPT, tools=REQUIRED), ns))
+    pending = waiting(system, ns, "no-pay")["status"]["pendingApproval"]
+    done = create_as(system, "ann", approval(ns, "no-pay-call-2", "no-pay", pending, "ann",
+                                             decision="Deny", note="not this month"))
+    assert done.returncode == 0, done.stderr
+    status = settled(system, ns, "no-pay")
+    assert status["phase"] == Phase.SUCCEEDED, status  # the run goes on
+    assert status["toolsExecuted"] == ["read_message"]
+    assert charges(system, "no-pay") == []
+    uid = system.run(ns, "no-pay")["metadata"]["uid"]
+    denied = [e for e in system.store(lambda e: store.ledger(e, uid)) if e.tool == "charge_card"]
+    assert [(e.outcome, e.result) for e in denied] == [
+        (LedgerOutcome.DENIED, {"error": "denied by ann: not this month"})]
+
+
+def test_admission_keeps_approvals_to_approvers_deciding_as_themselves(
+        system: System, people: str) -> None:
+    ns = people
+    system.apply(in_namespace(agent_run("guarded", SCRIPT, tools=REQUIRED), ns))
+    pending = waiting(system, ns, "guarded")["status"]["pendingApproval"]
+    forged = create_as(system, "ann", approval(ns, "forged", "guarded", pending, "bob"))
+    assert forged.returncode != 0
+    assert "spec.approver must be your own user name: ann may not decide as bob" in \
+        forged.stderr
+    editor = create_as(system, "sam", approval(ns, "by-sam", "guarded", pending, "sam"))
+    assert editor.returncode != 0 and "forbidden" in editor.stderr.lower()
+    # Another namespace's approver may not approve here.
+    other = system.kubectl("create", "namespace", f"{ns}-other", check=False)
+    assert other.returncode == 0, other.stderr
+    try:
+        bind(system, f"{ns}-other", "olga", APPROVER_CLUSTER_ROLE)
+        foreign = create_as(system, "olga", approval(ns, "by-olga", "guarded", pending, "olga"))
+        assert foreign.returncode != 0 and "forbidden" in foreign.stderr.lower()
+    finally:
+        system.kubectl("delete", "namespace", f"{ns}-other", "--wait=false", check=False)
+    assert system.run(ns, "guarded")["status"]["phase"] == Phase.WAITING
+    assert charges(system, "guarded") == []
+
+
+def test_an_approval_of_other_arguments_is_rejected_and_the_run_keeps_waiting(
+        system: System, people: str) -> None:
+    ns = people
+    system.apply(in_namespace(agent_run("exact", SCRIPT, tools=REQUIRED), ns))
+    pending = waiting(system, ns, "exact")["status"]["pendingApproval"]
+    other = store.args_digest({"customer": "42", "amount": 12000})
+    done = create_as(system, "ann", approval(ns, "exact-wrong", "exact", pending, "ann",
+                                             digest=other))
+    assert done.returncode == 0, done.stderr
+    said = verdict(system, ns, "exact-wrong")
+    assert (said["phase"], said["reason"]) == (ApprovalPhase.REJECTED,
+                                               ApprovalReason.ARGS_MISMATCH)
+    time.sleep(2)  # nothing happens: it waits (no timed bound: a state that must hold)
+    assert system.run(ns, "exact")["status"]["phase"] == Phase.WAITING
+    assert charges(system, "exact") == []
+
+
+def test_the_timeout_denies(system: System, people: str) -> None:
+    ns = people
+    tools = [{"name": "charge_card", "approval": "Required", "approvalTimeoutSeconds": 3}]
+    system.apply(in_namespace(agent_run("too-late", SCRIPT, tools=tools), ns))
+    waiting(system, ns, "too-late")
+    status = settled(system, ns, "too-late")
+    assert status["phase"] == Phase.SUCCEEDED and status["toolsExecuted"] == ["read_message"]
+    assert charges(system, "too-late") == []
+    uid = system.run(ns, "too-late")["metadata"]["uid"]
+    decided = system.store(lambda e: store.approvals_of(e, uid))
+    assert [(a.decision, a.approver) for a in decided] == [("Deny", "timeout")]
+
+
+def test_adks_own_require_confirmation_waits_the_same_way(
+        system: System, people: str) -> None:
+    ns = people
+    script = [{"call": "issue_refund", "args": {"customer": "42", "amount": 30}},
+              {"text": "Refunded."}]
+    system.apply(in_namespace(agent_run("refund", script), ns))
+    pending = waiting(system, ns, "refund")["status"]["pendingApproval"]
+    assert pending["tool"] == "issue_refund"
+    done = create_as(system, "ann", approval(ns, "refund-call-1", "refund", pending, "ann"))
+    assert done.returncode == 0, done.stderr
+    status = settled(system, ns, "refund")
+    assert status["phase"] == Phase.SUCCEEDED, status
+    assert status["toolsExecuted"] == ["issue_refund"]
+    refunds = [r for r in system.store(lambda e: store.outbox(e, "refund"))
+               if r.tool == "issue_refund"]
+    assert len(refunds) == 1
+
+
+def test_a_restarted_operator_loses_no_wait_and_decides_nothing_twice(
+        system: System, people: str) -> None:
+    ns = people
+    system.apply(in_namespace(agent_run("patient", SCRIPT, tools=REQUIRED), ns))
+    pending = waiting(system, ns, "patient")["status"]["pendingApproval"]
+    system.operator.kill()
+    try:
+        done = create_as(system, "ann", approval(ns, "patient-call-2", "patient", pending,
+                                                 "ann"))
+        assert done.returncode == 0, done.stderr
+        second = create_as(system, "ann", approval(ns, "patient-call-2-b", "patient",
+                                                   pending, "ann", decision="Deny"))
+        assert second.returncode == 0, second.stderr
+    finally:
+        system.operator.start()
+    reasons = {verdict(system, ns, "patient-call-2")["reason"],
+               verdict(system, ns, "patient-call-2-b")["reason"]}
+    assert reasons == {ApprovalReason.DECIDED, ApprovalReason.ALREADY_DECIDED}
+    status = settled(system, ns, "patient")
+    uid = system.run(ns, "patient")["metadata"]["uid"]
+    decided = system.store(lambda e: store.approvals_of(e, uid))
+    assert len(decided) == 1 and decided[0].decision is not None
+    ran = len(charges(system, "patient"))
+    assert ran == (1 if decided[0].decision == "Approve" else 0)
+    assert status["phase"] == Phase.SUCCEEDED
+
+
+def test_an_approved_call_evicted_in_doubt_follows_the_resume_rules(
+        system: System, people: str) -> None:
+    ns = people
+    script = [{"call": "charge_card", "args": {**CHARGE, "delay_seconds": 60}},
+              {"text": "Charged."}]
+    system.apply(in_namespace(agent_run("doubtful", script, tools=REQUIRED,
+                                        retry={"maxAttempts": 3, "resume": True}), ns))
+    pending = waiting(system, ns, "doubtful")["status"]["pendingApproval"]
+    done = create_as(system, "ann", approval(ns, "doubtful-call-1", "doubtful", pending,
+                                             "ann"))
+    assert done.returncode == 0, done.stderr
+    system.wait_run(ns, "doubtful", lambda r: len(charges(system, "doubtful")) == 1)
+    system.wait_pod_running(ns, "doubtful-2")
+    system.evict(ns, "doubtful-2")
+    status = settled(system, ns, "doubtful")
+    assert (status["phase"], status["reason"]) == (Phase.FAILED, Reason.EVICTED)
+    assert status["toolsExecuted"] == ["charge_card"]
+    resumable = {c["type"]: c for c in status["conditions"]}["Resumable"]
+    assert (resumable["status"], resumable["reason"]) == ("False",
+                                                          ReplayReason.TOOL_CALL_IN_DOUBT)
+    assert len(charges(system, "doubtful")) == 1
