@@ -8,6 +8,8 @@ it matters, the store's attempt row, and takes ONE step:
 
     deleting              -> stop the pod, record Cancelled with the tools, drop the finalizer
     no finalizer          -> add it
+    live, agentrun.dev/cancel
+                          -> cancel in place: settle (the fence), stop the pod, Cancelled
     settled               -> fill a toolsExecuted the store could not count; delete pods
                              past their time-to-live
     not launched          -> snapshot the input, write the run down, Pending
@@ -40,6 +42,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import effects, store
 from agentrun.vocabulary import (
+    ANNOTATION_CANCEL,
+    ANNOTATION_CANCEL_NOTE,
     DEFAULT_USER_ID,
     GROUP,
     LABEL_RUN,
@@ -61,6 +65,7 @@ from agentrun_operator.decide import (
     Journal,
     JournalCall,
     Original,
+    cancel_requested,
     decide_resume,
 )
 from agentrun_operator.informer import Informer, Informers, Key
@@ -83,7 +88,8 @@ _OPERATORS_OWN = frozenset({Reason.IMAGE_PULL_FAILED, Reason.INPUT_UNAVAILABLE,
                             Reason.SESSION_NOT_OWNED, Reason.POD_INVALID})
 # Ends after which the pod may still be running, and must be stopped (after the settle,
 # which fences the ledger first).
-_STOP_POD = frozenset({Reason.IMAGE_PULL_FAILED, Reason.DEADLINE_EXCEEDED, Reason.STALE})
+_STOP_POD = frozenset({Reason.IMAGE_PULL_FAILED, Reason.DEADLINE_EXCEEDED, Reason.STALE,
+                       Reason.CANCEL_REQUESTED})
 # A pod we created is in the pod informer within this long, or it was deleted.
 EXPECTATION_SECONDS = 30.0
 # Unknown tools are read again this often, until the store answers.
@@ -91,7 +97,7 @@ UNKNOWN_TOOLS_RETRY = 5.0
 # A node that is not Ready is looked at this often (its pods fail NodeLost after a grace).
 NODE_RECHECK = 1.0
 
-RunKey = tuple[str, str, str]  # ("run" | "replay", namespace, name)
+RunKey = tuple[str, str, str]  # ("run" | "replay" | "schedule", namespace, name)
 
 
 def now() -> datetime.datetime:
@@ -109,6 +115,10 @@ class Context:
     # AgentRuns and AgentRunReplays as kopf's watch last saw them (slimmed).
     runs: dict[Key, dict[str, Any]] = field(default_factory=dict)
     replays: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    schedules: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    # The runs carrying each schedule's label (agentrun.dev/schedule), by name: the
+    # schedule's reconcile reads its runs here, not by a walk of every run.
+    schedule_runs: dict[Key, set[str]] = field(default_factory=dict)
     pods: Informer | Informers | None = None
     nodes: Informer | None = None
     # Pods we created and the pod informer has not shown yet: (namespace, pod) -> when.
@@ -239,6 +249,8 @@ async def reconcile_run(ctx: Context, namespace: str, name: str) -> float | None
         run = slim_run(patched)
         meta, status = run["metadata"], run.get("status") or {}
     phase = status.get("phase")
+    if phase not in Phase.TERMINAL and cancel_requested(meta.get("annotations")):
+        return await _cancel_in_place(ctx, run)
     if phase in Phase.TERMINAL:
         return await _settled(ctx, run)
     if not phase or not status.get("inputDigest"):
@@ -898,12 +910,38 @@ async def _cancel(ctx: Context, run: Mapping[str, Any]) -> float | None:
     return None
 
 
+# A note on a cancel request is cut to this length in the run's message.
+CANCEL_NOTE_CHARS = 512
+
+
+async def _cancel_in_place(ctx: Context, run: Mapping[str, Any]) -> float | None:
+    """Cancel in place (annotation agentrun.dev/cancel): the run ends as any run ends, and
+    stays. The attempt is settled first (the fence: no tool starts after it, every call
+    started before is counted), then its pod is stopped (with its uid as precondition);
+    the run shows Cancelled, CancelRequested, with toolsExecuted. A runner that had
+    already recorded its answer keeps it (Succeeded): the cancel came too late to stop it.
+    A run not launched yet is written down and settled with nothing run."""
+    meta, status = run["metadata"], run.get("status") or {}
+    note = (meta.get("annotations") or {}).get(ANNOTATION_CANCEL_NOTE, "").strip()
+    message = f"Cancelled on request ({ANNOTATION_CANCEL})" + (
+        f": {note[:CANCEL_NOTE_CHARS]}" if note else "") + "."
+    if not status.get("phase") or not status.get("inputDigest"):
+        await _record_run(ctx, run, status.get("inputDigest"))
+        message += " It had not started: nothing ran."
+    else:
+        message += " Its runner pod was stopped."
+    _log(run, "cancel-requested", attempt=current_attempt(status))
+    return await _finish(ctx, run, current_attempt(status), Outcome(
+        Phase.CANCELLED, Reason.CANCEL_REQUESTED, message))
+
+
 # -- workers ------------------------------------------------------------------------------------
 
 
 async def work(ctx: Context, reconcile_replay: Any) -> None:
     """One worker: takes keys off the queue until cancelled."""
     from agentrun_operator.kube import Conflict
+    from agentrun_operator.schedule_reconcile import reconcile_schedule
 
     while True:
         key = await ctx.queue.get()
@@ -912,6 +950,8 @@ async def work(ctx: Context, reconcile_replay: Any) -> None:
         try:
             if kind == "run":
                 again = await reconcile_run(ctx, namespace, name)
+            elif kind == "schedule":
+                again = await reconcile_schedule(ctx, namespace, name)
             else:
                 again = await reconcile_replay(ctx, namespace, name)
         except asyncio.CancelledError:

@@ -35,12 +35,12 @@ from typing import Any
 
 from agentrun.scheduled import run_name, slot_of
 from agentrun.vocabulary import (
-    ANNOTATION_CANCEL,
     ConcurrencyPolicy,
     Phase,
     ScheduleReason,
 )
 from agentrun_operator import status as st
+from agentrun_operator.decide import cancel_requested
 from agentrun_operator.slots import COUNT_LIMIT, InvalidSchedule, Slots
 
 DEFAULT_HISTORY = 3
@@ -255,11 +255,6 @@ def schedule_status(schedule: Schedule, runs: Sequence[ScheduledRun],
     status["conditions"] = st.schedule_conditions(
         stalled, reason, message, now, list(previous.get("conditions") or []))
     return status
-
-
-def cancel_requested(annotations: Mapping[str, str] | None) -> bool:
-    """The cancel-in-place annotation says "true"."""
-    return (annotations or {}).get(ANNOTATION_CANCEL, "").strip().lower() == "true"
 
 
 def _moment(value: Any) -> datetime.datetime | None:
