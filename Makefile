@@ -68,7 +68,8 @@ demo: venv controlplane ## dev-cluster + install + operator + the replay story (
 .PHONY: install
 install: ## install the CRDs and the admission policy into the current kube context
 	$(KUBECTL) apply --server-side --force-conflicts -f crds/
-	$(KUBECTL) wait --for=condition=Established --timeout=60s crd/agentruns.agentrun.dev crd/agentrunreplays.agentrun.dev
+	$(KUBECTL) wait --for=condition=Established --timeout=60s crd/agentruns.agentrun.dev \
+		crd/agentrunreplays.agentrun.dev crd/agentrunschedules.agentrun.dev
 
 # The chart's copies of crds/ (CRDs, admission policies, ClusterRoles) and the Argo CD
 # argocd-cm patch are generated; tests/chart/test_chart_sources.py fails when they drift.
