@@ -147,7 +147,7 @@ def schedule_decide(schedule: Schedule, runs: Sequence[ScheduledRun], now: datet
     """The one next action of `schedule` at `now` (the module's table, first match wins),
     and the next slot to look again at."""
     if isinstance(slots, InvalidSchedule):
-        return ScheduleDecision(STALL, f"{slots} No run is started until it is fixed.")
+        return ScheduleDecision(STALL, f"{slots}; no run is started until it is fixed.")
     next_slot = slots.after(now)
     since = schedule.last_slot or schedule.created
     due = slots.due(since, now)

@@ -13,7 +13,7 @@ from typing import Any
 from agentrun_devtools.controlplane import REPO
 
 CUSTOMIZATIONS = REPO / "charts" / "agentrun" / "argocd"
-KINDS = ("AgentRun", "AgentRunReplay")
+KINDS = ("AgentRun", "AgentRunReplay", "AgentRunSchedule")
 LUA = shutil.which("lua5.4") or "lua5.4"
 
 # What a health script may use: Argo CD opens the base, table, string and math libraries

@@ -53,7 +53,7 @@ def test_the_argocd_patch_carries_each_health_check_exactly() -> None:
     assert data == {
         f"resource.customizations.health.agentrun.dev_{kind}":
             (chart_sources.ARGOCD / "agentrun.dev" / kind / "health.lua").read_text()
-        for kind in ("AgentRun", "AgentRunReplay")}
+        for kind in ("AgentRun", "AgentRunReplay", "AgentRunSchedule")}
 
 
 def test_the_argocd_patch_applies_to_an_argocd_cm(control_plane: ControlPlane) -> None:

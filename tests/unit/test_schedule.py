@@ -79,7 +79,7 @@ class Row:
 TABLE = [
     Row("its schedule cannot be parsed", schedule(), (), 0.5, STALL, every="61 * * * *",
         says=("spec.schedule '61 * * * *' cannot be parsed: Bad minute",
-              "No run is started until it is fixed")),
+              "; no run is started until it is fixed")),
     Row("suspended: the slot passes, not started, not counted", schedule(suspend=True),
         (), 0.5, PASS, slot=0, says=("passed while the schedule is suspended",)),
     Row("suspended, nothing came due", schedule(suspend=True, last_slot=at(0)), (), 5,
