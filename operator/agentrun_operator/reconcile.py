@@ -177,8 +177,9 @@ def slim_run(obj: Mapping[str, Any]) -> dict[str, Any]:
     meta = obj.get("metadata") or {}
     launched = bool((obj.get("status") or {}).get("inputDigest"))
     spec = {k: v for k, v in (obj.get("spec") or {}).items() if k != "input" or not launched}
+    # ownerReferences: a schedule's runs are its own (its uid as their controller).
     keep = ("name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
-            "deletionTimestamp", "finalizers", "labels", "annotations")
+            "deletionTimestamp", "finalizers", "labels", "annotations", "ownerReferences")
     return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
             "metadata": {k: meta[k] for k in keep if k in meta}, "spec": spec,
             "status": dict(obj.get("status") or {})}
