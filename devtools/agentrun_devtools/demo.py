@@ -15,7 +15,10 @@ the background (log: <state>/operator.log, pid: <state>/operator.pid; embedded S
    at once;
 3. resume (retry.resume): a run evicted after send_email answered resumes by itself and
    finishes with exactly one email; one evicted while charge_card (Effectful) is in doubt is
-   not resumed, and says why (ToolCallInDoubt, the model sentence).
+   not resumed, and says why (ToolCallInDoubt, the model sentence);
+4. a schedule (AgentRunSchedule, @every 10s, Forbid) whose runs take longer than a slot:
+   the slot that comes due while its run is live is skipped, and counted; then it is
+   suspended.
 
 It leaves everything running and prints the commands to look around; `make
 dev-cluster-down` (cluster.py `down --state`) stops the operator and the cluster.
@@ -46,7 +49,9 @@ from agentrun.vocabulary import (
     ENV_DATABASE_URL,
     ENV_SCRIPT,
     FORCER_CLUSTER_ROLE,
+    LABEL_SCHEDULE,
     RUN_KIND,
+    SCHEDULE_KIND,
     SCRIPTED_MODEL,
     Phase,
     ReplayPhase,
@@ -331,6 +336,37 @@ class Demo:
         self.kubectl("get", "agentrun", "charge-44", "-n", NAMESPACE, "-o",
                      "jsonpath={.status.conditions[?(@.type==\"Resumable\")].message}")
 
+    def story_schedule(self) -> None:
+        heading("8. A schedule under Forbid skips a slot while its run is live")
+        say("An AgentRunSchedule starts a run every 10 s; each run thinks for 15 s. Forbid "
+            "(the default) never starts a second run while one is live: that slot is skipped.")
+        script: list[dict[str, Any]] = [{"sleep": 15}, {"text": "Queue triaged."}]
+        template = run_manifest("unused", script)
+        schedule = {"apiVersion": API_VERSION, "kind": SCHEDULE_KIND,
+                    "metadata": {"name": "triage"},
+                    "spec": {"schedule": "@every 10s", "concurrencyPolicy": "Forbid",
+                             "runTemplate": {"spec": template["spec"]}}}
+        self.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps(schedule, indent=1))
+
+        def skipped() -> bool:
+            return int((self.get("agentrunschedule", "triage").get("status") or {}).get(
+                "skipped") or 0) >= 1
+
+        self.wait("a skipped slot", skipped, timeout=90)
+        self.kubectl("get", "agentrunschedule", "triage", "-n", NAMESPACE)
+        self.kubectl("get", "agentruns", "-n", NAMESPACE, "-l", f"{LABEL_SCHEDULE}=triage")
+        self.kubectl("get", "agentrunschedule", "triage", "-n", NAMESPACE, "-o",
+                     "jsonpath=skipped: {.status.skipped}, missed: {.status.missed}")
+        events = self.kubectl("get", "events", "-n", NAMESPACE, "--field-selector",
+                              "involvedObject.name=triage,reason=SlotSkipped", "-o",
+                              "jsonpath={.items[0].message}")
+        if not events.stdout.strip():
+            raise RuntimeError("no SlotSkipped Event on the schedule")
+        say("Suspended, it starts nothing more (the run that is live finishes):")
+        self.kubectl("patch", "agentrunschedule", "triage", "-n", NAMESPACE, "--type=merge",
+                     "-p", '{"spec": {"suspend": true}}')
+        self.kubectl("get", "agentrunschedule", "triage", "-n", NAMESPACE)
+
     def evict(self, pod: str) -> None:
         body = json.dumps({"apiVersion": "policy/v1", "kind": "Eviction",
                            "metadata": {"name": pod, "namespace": NAMESPACE}})
@@ -345,11 +381,12 @@ class Demo:
             f"export KUBECONFIG={self.paths.kubeconfig}",
             f"export PATH={self.state / 'bin'}:{VENV_BIN}:$PATH",
             f"export DATABASE_URL={self.store_url}",
-            f"kubectl get agentruns,agentrunreplays -n {NAMESPACE} -o wide",
+            f"kubectl get agentruns,agentrunreplays,agentrunschedules -n {NAMESPACE} -o wide",
             f"kubectl describe agentrunreplay refund-42-again -n {NAMESPACE}",
             f"kubectl describe agentrun refund-42 -n {NAMESPACE}",
             f"kubectl agentrun tools refund-42 -n {NAMESPACE}",
             f"kubectl agentrun why lookup-7-again -n {NAMESPACE}",
+            f"kubectl describe agentrunschedule triage -n {NAMESPACE}",
             f"kubectl agentrun replay lookup-7 -n {NAMESPACE}     # a second replay: "
             "AlreadyReplayed",
             f"kubectl get events -n {NAMESPACE} --sort-by=.lastTimestamp",
@@ -381,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         demo.story_email()
         demo.story_no_tool()
         demo.story_resume()
+        demo.story_schedule()
     except (RuntimeError, TimeoutError) as e:
         say(f"\ndemo failed: {e}")
         say(f"operator log: {demo.state / 'operator.log'}")

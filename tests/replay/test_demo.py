@@ -57,6 +57,12 @@ def test_demo_tells_the_story_and_leaves_the_cluster_up(tmp_path: Path) -> None:
         assert ("it may or may not have happened, and charge_card is Effectful. Check "
                 "whether it happened; annotate agentrun.dev/force-replay=true to resume and "
                 "call it again.") in out
+        # 8. a schedule under Forbid skips a slot while its run is live
+        assert "== 8. A schedule under Forbid skips a slot while its run is live ==" in out
+        assert "Skipped the slot of " in out
+        assert "is still live and concurrencyPolicy is Forbid." in out
+        assert "triage   @every 10s   false" in out and "triage   @every 10s   true" in out
+        assert "skipped: 1, missed: 0" in out or "skipped: 2, missed: 0" in out
         # the way to look around, and the cluster still up
         assert f"export KUBECONFIG={state / 'kubeconfig'}" in out
         assert "kubectl agentrun why lookup-7-again -n demo" in out
