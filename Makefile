@@ -142,13 +142,14 @@ comma := ,
 BENCH_OUT := $(if $(BENCH_QUICK),--out -)
 
 .PHONY: bench
-bench: venv controlplane ## benchmarks: ledger cost; eviction latency idle and under load, throughput beside the Job controller; the operator at rest at scale; resume
+bench: venv controlplane ## benchmarks: ledger cost; eviction latency idle and under load, throughput beside the Job controller; the operator at rest at scale; resume; schedules
 	$(PY) bench/ledger.py
 	$(PY) bench/eviction.py --trials $(BENCH_TRIALS) $(BENCH_OUT)
 	$(PY) bench/eviction.py --trials $(BENCH_TRIALS) --background $(BENCH_BACKGROUND) $(BENCH_OUT)
 	$(PY) bench/throughput.py --n $(BENCH_N) $(BENCH_OUT)
 	$(PY) bench/scale.py --levels $(BENCH_LEVELS) $(BENCH_OUT)
 	$(PY) bench/resume.py --trials $(if $(BENCH_QUICK),5,20) $(BENCH_OUT)
+	$(PY) bench/schedule.py --schedules $(if $(BENCH_QUICK),100,1000) --minutes $(if $(BENCH_QUICK),2,3) $(BENCH_OUT)
 
 # Eviction latency on the real node (root; the cluster make test-e2e installs), beside the
 # Job controller: bench/results/eviction-realnode-<date>.txt.

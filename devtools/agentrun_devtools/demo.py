@@ -179,8 +179,14 @@ class Demo:
         with open(log, "w") as out:
             # The demo's runs use the scripted model, which the operator honours only
             # when told to (the chart leaves it off).
+            # The store API speaks TLS only: the development pair `cluster up` wrote into
+            # this state directory (the operator's defaults name the checkout's .local).
+            tls = self.paths.store_api_tls
             process = subprocess.Popen(
-                [str(VENV_BIN / "agentrun-operator"), "--allow-scripted-model"], stdout=out,
+                [str(VENV_BIN / "agentrun-operator"), "--allow-scripted-model",
+                 f"--store-api-tls-cert-file={tls / 'tls.crt'}",
+                 f"--store-api-tls-key-file={tls / 'tls.key'}",
+                 f"--store-api-ca-file={tls / 'ca.crt'}"], stdout=out,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True)
         pid_file.write_text(str(process.pid))
