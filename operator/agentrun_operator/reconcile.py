@@ -112,7 +112,8 @@ class Context:
     engine: AsyncEngine
     kube: Kube
     queue: WorkQueue[RunKey] = field(default_factory=WorkQueue)
-    # AgentRuns and AgentRunReplays as kopf's watch last saw them (slimmed).
+    # AgentRuns (slimmed), AgentRunReplays and AgentRunSchedules as kopf's watch last saw
+    # them.
     runs: dict[Key, dict[str, Any]] = field(default_factory=dict)
     replays: dict[Key, dict[str, Any]] = field(default_factory=dict)
     schedules: dict[Key, dict[str, Any]] = field(default_factory=dict)
