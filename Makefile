@@ -149,7 +149,7 @@ bench: venv controlplane ## benchmarks: ledger cost; eviction latency idle and u
 	$(PY) bench/throughput.py --n $(BENCH_N) $(BENCH_OUT)
 	$(PY) bench/scale.py --levels $(BENCH_LEVELS) $(BENCH_OUT)
 	$(PY) bench/resume.py --trials $(if $(BENCH_QUICK),5,20) $(BENCH_OUT)
-	$(PY) bench/schedule.py --schedules $(if $(BENCH_QUICK),100,1000) --minutes $(if $(BENCH_QUICK),2,3) $(BENCH_OUT)
+	$(PY) bench/schedule.py --schedules $(if $(BENCH_QUICK),100,1000) --minutes $(if $(BENCH_QUICK),2,4) $(BENCH_OUT)
 
 # Eviction latency on the real node (root; the cluster make test-e2e installs), beside the
 # Job controller: bench/results/eviction-realnode-<date>.txt.

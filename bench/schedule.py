@@ -3,21 +3,27 @@ its run's creation.
 
     .venv/bin/python bench/schedule.py [--schedules 1000] [--minutes 3] [--out PATH]
 
-One control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) and no
-node, a throwaway Postgres store, and the operator with its default flags (scripted model
-off). `--schedules` AgentRunSchedules of `@every 1m` (Forbid, failedRunsHistoryLimit 1)
-are created in namespace `schedules`. Every slot of every schedule comes due at the same
-second (whole minutes), so each minute is a burst: the operator creates one run per
-schedule, and each run (model `scripted`, which this operator refuses) settles at once,
-Failed ModelNotAllowed, before any pod: the schedule's whole cycle (create, settle, the
-history limit's delete) without a runner.
+Two scenarios, each on its own control plane (etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler) with no node, a throwaway Postgres store, and the operator with its default
+flags (scripted model off). `--schedules` AgentRunSchedules of `@every 1m` (Forbid) are
+created in namespace `schedules`; every slot of every schedule comes due at the same second
+(whole minutes), so each slot is a burst.
+
+- idle: each schedule's first run stays live (its runner pod cannot be scheduled: there is
+  no node), so every later slot is skipped (Forbid). The first slot is a burst of run
+  creations; after it, the operator holds the schedules and their live runs, and only
+  skips a slot a minute.
+- churn: each run is refused at launch (model `scripted`, which this operator refuses) and
+  settles at once, Failed ModelNotAllowed, before any pod: every slot creates a run per
+  schedule, and the history limit (failedRunsHistoryLimit 1) deletes one: the schedule's
+  whole cycle without a runner.
 
 First the operator is measured with no schedules (the baseline). Then, for `--minutes`
-whole minutes after every schedule has started its first run:
+whole minutes from the first slot at which every schedule exists:
 
 - the lag of each slot's run: from the slot's time to the return of its create, as the
   operator logs it (`event=schedule-run-created ... lag=`): p50, p99, max, and how many of
-  the minute's slots got a run;
+  the minute's slots got a run or were skipped;
 - the operator's RSS (VmRSS of the process and its descendants) every second: the last and
   the highest;
 - its CPU (utime+stime, /proc) over each whole minute (the burst included) and at rest: from
@@ -83,28 +89,39 @@ NAMESPACE = "schedules"
 PERIOD = 60
 REST_FROM, REST_UNTIL = 30, PERIOD - 5  # seconds after the slot: nothing is due
 _CREATED = re.compile(r"event=schedule-run-created schedule=\S+ run=\S+ slot=(\d+) lag=([\d.]+)")
+_SKIPPED = re.compile(r"event=schedule-slot-skipped schedule=\S+ slot=(\d+)")
+SCENARIOS = ("idle", "churn")
 
 
-def schedule_manifest(name: str) -> dict[str, Any]:
+def schedule_manifest(name: str, scenario: str) -> dict[str, Any]:
+    template: dict[str, Any] = {"agent": "noop-agent", "input": {"text": "hi"}}
+    if scenario == "churn":
+        template.update(model="scripted", env=[{"name": "AGENTRUN_SCRIPT",
+                                                "value": json.dumps([{"text": "hi"}])}])
     return {"apiVersion": API_VERSION, "kind": SCHEDULE_KIND,
             "metadata": {"name": name, "namespace": NAMESPACE},
             "spec": {"schedule": "@every 1m", "failedRunsHistoryLimit": 1,
-                     "runTemplate": {"spec": {
-                         "agent": "noop-agent", "model": "scripted", "input": {"text": "hi"},
-                         "env": [{"name": "AGENTRUN_SCRIPT",
-                                  "value": json.dumps([{"text": "hi"}])}]}}}}
+                     "runTemplate": {"spec": template}}}
 
 
-def schedule_maker(api: client.ApiClient) -> Callable[[int], None]:
+def schedule_maker(api: client.ApiClient, scenario: str) -> Callable[[int], None]:
     custom: Any = client.CustomObjectsApi(api)
 
     def make(i: int) -> None:
         response = custom.create_namespaced_custom_object(
-            GROUP, VERSION, NAMESPACE, SCHEDULE_PLURAL, schedule_manifest(f"every-{i}"),
-            _preload_content=False)
+            GROUP, VERSION, NAMESPACE, SCHEDULE_PLURAL,
+            schedule_manifest(f"every-{i}", scenario), _preload_content=False)
         response.release_conn()
 
     return make
+
+
+def skips(log: Path) -> dict[int, int]:
+    """slot -> how many schedules skipped it."""
+    out: dict[int, int] = {}
+    for found in _SKIPPED.finditer(log.read_text(errors="replace")):
+        out[int(found.group(1))] = out.get(int(found.group(1)), 0) + 1
+    return out
 
 
 def lags(log: Path) -> dict[int, list[float]]:
@@ -124,6 +141,7 @@ def percentile(values: list[float], q: float) -> float:
 class Minute:
     slot: int
     runs: int
+    skipped: int
     p50: float
     p99: float
     worst: float
@@ -165,6 +183,7 @@ def measure_minute(plane: ControlPlane, operator: Operator, slot: int) -> Minute
         return ticks * 100 / CLK_TCK / seconds
 
     return Minute(slot=slot, runs=len(lags(operator.child.log_path).get(slot, [])),
+                  skipped=skips(operator.child.log_path).get(slot, 0),
                   p50=statistics.median(found), p99=percentile(found, 0.99),
                   worst=max(found), cpu=pct(op1 - op0, elapsed),
                   cpu_rest=pct(rop1 - rop0, r1 - r0), apiserver=pct(api1 - api0, elapsed),
@@ -182,43 +201,48 @@ def baseline(operator: Operator, seconds: float) -> tuple[float, float]:
         time.monotonic() - t0)
 
 
-def table(n: int, minutes: list[Minute], base: tuple[float, float]) -> list[str]:
-    rows = [f"{n} AgentRunSchedules of @every 1m (every slot at the same second): each "
-            "minute, one run per schedule, refused at launch (no pod)",
+_SAID = {
+    "idle": "each schedule's first run stays live (no node), so every later slot is skipped "
+            "(Forbid)",
+    "churn": "each minute, one run per schedule, refused at launch (no pod), and one deleted "
+             "by the history limit",
+}
+
+
+def table(scenario: str, n: int, minutes: list[Minute], base: tuple[float, float]
+          ) -> list[str]:
+    rows = [f"{scenario}: {n} AgentRunSchedules of @every 1m (every slot at the same "
+            f"second): {_SAID[scenario]}",
             f"baseline, no schedules: RSS {base[0]:.0f} MB, CPU {base[1]:.1f}% of a core", "",
-            "| slot (UTC) | runs created | lag p50 | lag p99 | lag max | operator CPU, "
-            "minute | operator CPU, at rest | kube-apiserver CPU, minute / at rest | "
-            "operator RSS (max) | load average |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "| slot (UTC) | runs created | slots skipped | lag p50 | lag p99 | lag max | "
+            "operator CPU, minute | operator CPU, at rest | kube-apiserver CPU, minute / at "
+            "rest | operator RSS (max) | load average |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in minutes:
         rows.append(
             f"| {datetime.datetime.fromtimestamp(m.slot, datetime.UTC):%H:%M:%S} | "
-            f"{m.runs}/{n} | {m.p50 * 1000:.0f} ms | {m.p99 * 1000:.0f} ms | "
+            f"{m.runs}/{n} | {m.skipped} | {m.p50 * 1000:.0f} ms | {m.p99 * 1000:.0f} ms | "
             f"{m.worst * 1000:.0f} ms | {m.cpu:.1f}% | {m.cpu_rest:.1f}% | "
             f"{m.apiserver:.1f}% / {m.apiserver_rest:.1f}% | {m.rss_mb:.0f} MB "
             f"({m.rss_max_mb:.0f}) | {m.load} |")
-    every = [m.p50 for m in minutes]
-    if every:
-        rows += ["", f"over {len(minutes)} minutes: lag p50 {statistics.median(every) * 1000:.0f}"
-                 f" ms (median of the minutes' p50), worst p99 "
-                 f"{max(m.p99 for m in minutes) * 1000:.0f} ms; at rest the operator used "
-                 f"{statistics.mean(m.cpu_rest for m in minutes):.1f}% of a core, RSS "
+    created = [m for m in minutes if m.runs]
+    later = minutes[1:] or minutes
+    if created:
+        rows += ["", f"lag from slot to run created: p50 "
+                 f"{statistics.median(m.p50 for m in created) * 1000:.0f} ms (median of the "
+                 f"minutes' p50), worst p99 {max(m.p99 for m in created) * 1000:.0f} ms, over "
+                 f"{sum(m.runs for m in created)} runs; after the first slot, at rest (30 s to "
+                 f"55 s after each slot) the operator used "
+                 f"{statistics.mean(m.cpu_rest for m in later):.1f}% of a core, over whole "
+                 f"minutes {statistics.mean(m.cpu for m in later):.1f}%; RSS "
                  f"{max(m.rss_max_mb for m in minutes):.0f} MB at most"]
     return rows
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--schedules", type=int, default=1000)
-    parser.add_argument("--minutes", type=int, default=3, help="whole minutes measured")
-    parser.add_argument("--threads", type=int, default=8, help="concurrent create calls")
-    parser.add_argument("--keep", action="store_true", help="keep the operator's log")
-    parser.add_argument("--out", help="results file (default bench/results/schedule-<date>"
-                                      ".txt; '-' for stdout only)")
-    args = parser.parse_args()
-    out = default_out("schedule", args.out)
-    say = Report()
-    work = Path(tempfile.mkdtemp(prefix="agentrun-bench-schedule-"))
+def scenario(name: str, n: int, minutes_wanted: int, threads: int, say: Report,
+             keep: bool) -> bool:
+    """One scenario on a control plane, a store and an operator of its own."""
+    work = Path(tempfile.mkdtemp(prefix=f"agentrun-bench-schedule-{name}-"))
     ok = False
     with contextlib.ExitStack() as stack:
         try:
@@ -232,41 +256,62 @@ def main() -> int:
             create_namespace(plane, NAMESPACE)
             operator = Operator(plane, url, work, scripted=False).start()
             stack.callback(operator.stop)
-            assert operator.child is not None
-            api = api_client(plane, args.threads + 4)
-            say(f"bench/schedule.py, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, "
-                f"{os.cpu_count()} CPUs, {args.schedules} schedules, {args.minutes} minutes; "
-                f"no node; operator with default flags; load average {load()}")
+            api = api_client(plane, threads + 4)
+            say(f"\n{name}: load average {load()}")
             base = baseline(operator, 20)
-            say(f"baseline: RSS {base[0]:.0f} MB, CPU {base[1]:.1f}%")
+            say(f"  baseline: RSS {base[0]:.0f} MB, CPU {base[1]:.1f}%")
             began = time.monotonic()
-            create_many(schedule_maker(api), range(args.schedules), args.threads)
-            say(f"{args.schedules} schedules created in {time.monotonic() - began:.1f} s")
-            # Measured from the first slot at which every schedule existed before it.
+            create_many(schedule_maker(api, name), range(n), threads)
+            say(f"  {n} schedules created in {time.monotonic() - began:.1f} s")
             first = (int(time.time()) // PERIOD + 1) * PERIOD
             minutes = []
-            for k in range(1, args.minutes + 1):
+            for k in range(minutes_wanted):
                 minute = measure_minute(plane, operator, first + k * PERIOD)
                 minutes.append(minute)
-                say(f"  slot {minute.slot}: {minute.runs} runs, lag p50 "
-                    f"{minute.p50 * 1000:.0f} ms p99 {minute.p99 * 1000:.0f} ms, CPU "
+                say(f"  slot {minute.slot}: {minute.runs} runs, {minute.skipped} skipped, lag "
+                    f"p50 {minute.p50 * 1000:.0f} ms p99 {minute.p99 * 1000:.0f} ms, CPU "
                     f"{minute.cpu:.1f}% (at rest {minute.cpu_rest:.1f}%), RSS "
                     f"{minute.rss_mb:.0f} MB")
             say("")
-            for line in table(args.schedules, minutes, base):
+            for line in table(name, n, minutes, base):
                 say(line)
-            say(f"\nload average at the end {load()} (other processes share these CPUs)")
             ok = True
         finally:
             if not ok:
                 print(f"bench failed; logs kept in {work}", file=sys.stderr)
-    if ok:
-        say.write(out)
-        if args.keep:
-            print(f"logs kept in {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
-    return 0 if ok else 1
+    if ok and not keep:
+        shutil.rmtree(work, ignore_errors=True)
+    elif ok:
+        print(f"logs kept in {work}")
+    return ok
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--schedules", type=int, default=1000)
+    parser.add_argument("--minutes", type=int, default=3,
+                        help="whole minutes measured, from the first slot")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS),
+                        help=f"comma-separated, of {', '.join(SCENARIOS)}")
+    parser.add_argument("--threads", type=int, default=8, help="concurrent create calls")
+    parser.add_argument("--keep", action="store_true", help="keep the operator's log")
+    parser.add_argument("--out", help="results file (default bench/results/schedule-<date>"
+                                      ".txt; '-' for stdout only)")
+    args = parser.parse_args()
+    chosen = [x for x in args.scenarios.split(",") if x]
+    if not set(chosen) <= set(SCENARIOS):
+        parser.error(f"--scenarios: of {', '.join(SCENARIOS)}")
+    out = default_out("schedule", args.out)
+    say = Report()
+    say(f"bench/schedule.py, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, "
+        f"{os.cpu_count()} CPUs, {args.schedules} schedules, {args.minutes} minutes each, "
+        f"scenarios {', '.join(chosen)}; no node; operator with default flags")
+    for name in chosen:
+        if not scenario(name, args.schedules, args.minutes, args.threads, say, args.keep):
+            return 1
+    say(f"\nload average at the end {load()} (other processes share these CPUs)")
+    say.write(out)
+    return 0
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ from agentrun_operator.kube import Kube
 from agentrun_operator.leader import LeaderElection
 from agentrun_operator.reconcile import Context, slim_node, slim_pod, slim_run, work
 from agentrun_operator.replay import reconcile_replay
-from agentrun_operator.schedule_reconcile import index_run
+from agentrun_operator.schedule_reconcile import index_run, list_schedule_runs
 from agentrun_operator.status import node_ready
 
 log = logging.getLogger("agentrun.operator")
@@ -191,7 +191,10 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
         memo.tasks = []
 
         async def lead() -> None:
-            # The leader alone acts: the reconciles and the daily purge.
+            # The leader alone acts: the reconciles and the daily purge. First the runs of
+            # schedules, listed once, so that no schedule is looked at on a cache that
+            # kopf's watch has not filled yet (it then keeps them current).
+            await list_schedule_runs(ctx, named, watched)
             memo.workers = [asyncio.create_task(work(ctx, reconcile_replay))
                             for _ in range(running.workers)]
             memo.workers.append(asyncio.create_task(retention.purge_daily(ctx)))

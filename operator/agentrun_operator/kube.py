@@ -126,6 +126,12 @@ class Kube:
             label_selector=label_selector, _preload_content=False)
         return list(_json(response).get("items") or [])
 
+    async def list_runs_everywhere(self, label_selector: str) -> list[dict[str, Any]]:
+        response = await asyncio.to_thread(
+            self.custom.list_cluster_custom_object, GROUP, VERSION, RUN_PLURAL,
+            label_selector=label_selector, _preload_content=False)
+        return list(_json(response).get("items") or [])
+
     async def patch_run_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         await self._patch_status(RUN_PLURAL, namespace, name, status)
 

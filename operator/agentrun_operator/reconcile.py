@@ -120,6 +120,9 @@ class Context:
     # The runs carrying each schedule's label (agentrun.dev/schedule), by name: the
     # schedule's reconcile reads its runs here, not by a walk of every run.
     schedule_runs: dict[Key, set[str]] = field(default_factory=dict)
+    # Whether every run of a schedule was listed since this replica started leading: until
+    # then, a schedule asks the API server for its runs before it starts one.
+    schedule_runs_listed: bool = False
     pods: Informer | Informers | None = None
     nodes: Informer | None = None
     # Pods we created and the pod informer has not shown yet: (namespace, pod) -> when.

@@ -18,15 +18,16 @@ then writes the schedule's whole status if it changed (its resourceVersion as th
 precondition: a stale reconcile loses with Conflict and runs again on the newer state) and
 returns when the next slot comes due.
 
-Before it creates a run, it lists the schedule's runs from the API server itself: the
-cache of runs may lag behind (an operator just started has not listed them all yet), and a
-live run it has not seen must not let Forbid start a second one.
+The cache of runs may lag behind kopf's watch just after the operator starts, and a live
+run it has not seen must not let Forbid start a second one: a replica that starts leading
+lists every run of a schedule once (`list_schedule_runs`) before its workers start; if
+that list fails, each schedule lists its own runs from the API server before it creates one.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -80,6 +81,29 @@ def index_run(ctx: Context, run: Mapping[str, Any], deleted: bool) -> str | None
     return str(schedule)
 
 
+async def list_schedule_runs(ctx: Context, named: Sequence[str],
+                             watched: Callable[[str], bool]) -> None:
+    """Every run of a schedule in the watched namespaces, into the cache and the index
+    (by the label agentrun.dev/schedule: one list per namespace `named` outright, else one
+    for the cluster, kept to the `watched` namespaces)."""
+    selector = LABEL_SCHEDULE
+    try:
+        found = [r for ns in named for r in await ctx.kube.list_runs(ns, selector)] if named \
+            else [r for r in await ctx.kube.list_runs_everywhere(selector)
+                  if watched(r["metadata"].get("namespace") or "")]
+    except ApiException as e:
+        log.warning("event=schedule-runs-not-listed status=%s message=%r", e.status,
+                    api_message(e))
+        ctx.schedule_runs_listed = False
+        return
+    for run in found:
+        if (run["metadata"]["namespace"], run["metadata"]["name"]) not in ctx.runs:
+            ctx.remember(run)
+        index_run(ctx, run, False)
+    ctx.schedule_runs_listed = True
+    log.info("event=schedule-runs-listed runs=%s", len(found))
+
+
 def runs_of(ctx: Context, schedule: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The schedule's own runs in the cache (its label, and it as their controller)."""
     meta = schedule["metadata"]
@@ -120,7 +144,7 @@ async def reconcile_schedule(ctx: Context, namespace: str, name: str) -> float |
     runs = runs_of(ctx, schedule) if ctx.pods is not None else await _listed(ctx, schedule)
     moment = now()
     decision = schedule_decide(facts, [run_facts(name, r) for r in runs], moment, slots)
-    if decision.action == CREATE and ctx.pods is not None:
+    if decision.action == CREATE and ctx.pods is not None and not ctx.schedule_runs_listed:
         # Decide again on the API server's own list before starting anything.
         runs = await _listed(ctx, schedule)
         decision = schedule_decide(facts, [run_facts(name, r) for r in runs], moment, slots)
