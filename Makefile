@@ -74,7 +74,9 @@ demo: venv controlplane ## dev-cluster + install + operator + the replay story (
 .PHONY: install
 install: ## install the CRDs and the admission policy into the current kube context
 	$(KUBECTL) apply --server-side --force-conflicts -f crds/
-	$(KUBECTL) wait --for=condition=Established --timeout=60s crd/agentruns.agentrun.dev crd/agentrunreplays.agentrun.dev crd/agentrunapprovals.agentrun.dev
+	$(KUBECTL) wait --for=condition=Established --timeout=60s crd/agentruns.agentrun.dev \
+		crd/agentrunreplays.agentrun.dev crd/agentrunapprovals.agentrun.dev \
+		crd/agentrunschedules.agentrun.dev
 
 # The chart's copies of crds/ (CRDs, admission policies, ClusterRoles) and the Argo CD
 # argocd-cm patch are generated; tests/chart/test_chart_sources.py fails when they drift.
@@ -153,7 +155,7 @@ comma := ,
 BENCH_OUT := $(if $(BENCH_QUICK),--out -)
 
 .PHONY: bench
-bench: venv controlplane ## benchmarks: ledger cost; a tenant's ledger writes while another floods the store API; eviction latency idle and under load, throughput beside the Job controller; the operator at rest at scale; resume; status writes of live usage and approval latency
+bench: venv controlplane ## benchmarks: ledger cost; a tenant's ledger writes while another floods the store API; eviction latency idle and under load, throughput beside the Job controller; the operator at rest at scale; resume; status writes of live usage and approval latency; schedules
 	$(PY) bench/ledger.py
 	$(PY) bench/store_flood.py $(BENCH_OUT)
 	$(PY) bench/eviction.py --trials $(BENCH_TRIALS) $(BENCH_OUT)
@@ -162,6 +164,7 @@ bench: venv controlplane ## benchmarks: ledger cost; a tenant's ledger writes wh
 	$(PY) bench/scale.py --levels $(BENCH_LEVELS) $(BENCH_OUT)
 	$(PY) bench/resume.py --trials $(if $(BENCH_QUICK),5,20) $(BENCH_OUT)
 	$(PY) bench/outcome.py --runs $(if $(BENCH_QUICK),3,10) --approvals $(if $(BENCH_QUICK),5,20) $(BENCH_OUT)
+	$(PY) bench/schedule.py --schedules $(if $(BENCH_QUICK),100,1000) --minutes $(if $(BENCH_QUICK),2,4) $(BENCH_OUT)
 
 # Eviction latency on the real node (root; the cluster make test-e2e installs), beside the
 # Job controller: bench/results/eviction-realnode-<date>.txt.

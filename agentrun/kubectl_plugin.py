@@ -1,9 +1,12 @@
-"""`kubectl agentrun`: replay a run, see which tools it called, and why a replay was decided.
+"""`kubectl agentrun`: replay a run, see which tools it called, and why a replay was decided;
+cancel a run in place; start a schedule's run now.
 
     kubectl agentrun replay RUN [--force] [--note TEXT] [--name NAME]
     kubectl agentrun approve RUN [--deny] [--note TEXT]
     kubectl agentrun tools RUN
     kubectl agentrun why REPLAY
+    kubectl agentrun cancel RUN [--note TEXT]
+    kubectl agentrun schedule trigger SCHEDULE
 
 Installed as the console script `kubectl-agentrun`; kubectl finds it on PATH. It talks to
 the cluster as kubectl does (KUBECONFIG / --kubeconfig, --context, or in-cluster), in the
@@ -33,19 +36,25 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from agentrun.ledger import LedgerEntry
+from agentrun.scheduled import belongs_to, scheduled_run
 from agentrun.vocabulary import (
+    ANNOTATION_CANCEL,
+    ANNOTATION_CANCEL_NOTE,
     ANNOTATION_FORCE_REPLAY,
     API_VERSION,
     APPROVAL_KIND,
     APPROVAL_PLURAL,
     ENV_DATABASE_URL,
     GROUP,
+    LABEL_SCHEDULE,
     REPLAY_KIND,
     REPLAY_PLURAL,
     RUN_PLURAL,
+    SCHEDULE_PLURAL,
     VERSION,
     ApprovalDecision,
     ApprovalPhase,
+    ConcurrencyPolicy,
     LedgerOutcome,
     Phase,
     ReplayPhase,
@@ -138,12 +147,34 @@ class Cluster:
         return str(done.status.user_info.username)
 
     def annotate_replay(self, name: str, annotations: dict[str, str]) -> None:
+        self.annotate(REPLAY_PLURAL, name, annotations)
+
+    def annotate(self, plural: str, name: str, annotations: dict[str, str]) -> None:
         try:
             self.api.patch_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, REPLAY_PLURAL, name,
+                GROUP, VERSION, self.namespace, plural, name,
                 {"metadata": {"annotations": annotations}})
         except ApiException as e:
             raise Failure(api_message(e), REFUSED if e.status in (403, 422) else ERROR) from e
+
+    def create_run(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """Creates an AgentRun; None when one of that name exists already."""
+        try:
+            created: Any = self.api.create_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, RUN_PLURAL, manifest)
+        except ApiException as e:
+            if e.status == 409:
+                return None
+            raise Failure(api_message(e), REFUSED if e.status in (403, 422) else ERROR) from e
+        return dict(created)
+
+    def list_runs(self, label_selector: str) -> list[dict[str, Any]]:
+        try:
+            found: Any = self.api.list_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, RUN_PLURAL, label_selector=label_selector)
+        except ApiException as e:
+            raise Failure(api_message(e)) from e
+        return list(found.get("items") or [])
 
 
 def api_message(e: ApiException) -> str:
@@ -418,6 +449,57 @@ def why(cluster: Cluster, name: str) -> int:
     return REFUSED if phase == ReplayPhase.REFUSED else OK
 
 
+# -- cancel ------------------------------------------------------------------------------------
+
+
+def cancel(cluster: Cluster, run: str, note: str | None) -> int:
+    """Cancels `run` in place: the annotation agentrun.dev/cancel (and the note beside it,
+    agentrun.dev/cancel-note, which the operator puts in the run's message). The operator
+    stops the run and keeps it, Cancelled (CancelRequested), with its tools counted."""
+    found = cluster.get(RUN_PLURAL, run)
+    if found is None:
+        raise Failure(f"AgentRun {run} does not exist in namespace {cluster.namespace}")
+    phase = (found.get("status") or {}).get("phase")
+    if phase in Phase.TERMINAL:
+        print(f"AgentRun {run} is already {phase}; nothing to cancel")
+        return OK
+    annotations = {ANNOTATION_CANCEL: "true"}
+    if note:
+        annotations[ANNOTATION_CANCEL_NOTE] = note
+    cluster.annotate(RUN_PLURAL, run, annotations)
+    print(f"agentrun/{run} annotated {ANNOTATION_CANCEL}=true"
+          + (f" ({ANNOTATION_CANCEL_NOTE}: {note})" if note else "")
+          + "; the operator stops it and keeps it (Cancelled)")
+    return OK
+
+
+# -- schedule ----------------------------------------------------------------------------------
+
+
+def trigger(cluster: Cluster, name: str) -> int:
+    """A run of schedule `name` now: named like a slot (`<schedule>-<now, Unix seconds>`),
+    with the schedule's labels and ownerReference, as its creator (admission checks what
+    its template uses, as for any run). Refused while a run of the schedule is live unless
+    its concurrencyPolicy is Allow: a trigger is never the way round Forbid."""
+    schedule = cluster.get(SCHEDULE_PLURAL, name)
+    if schedule is None:
+        raise Failure(f"AgentRunSchedule {name} does not exist in namespace {cluster.namespace}")
+    policy = (schedule.get("spec") or {}).get("concurrencyPolicy") or ConcurrencyPolicy.FORBID
+    live = sorted(r["metadata"]["name"] for r in cluster.list_runs(f"{LABEL_SCHEDULE}={name}")
+                  if belongs_to(schedule, r)
+                  and (r.get("status") or {}).get("phase") not in Phase.TERMINAL)
+    if live and policy != ConcurrencyPolicy.ALLOW:
+        raise Failure(f"AgentRunSchedule {name} has a live run ({', '.join(live)}) and its "
+                      f"concurrencyPolicy is {policy}: wait for it to settle, or cancel it "
+                      f"(kubectl agentrun cancel {live[0]})", REFUSED)
+    created = cluster.create_run(scheduled_run(schedule, int(time.time())))
+    if created is None:
+        raise Failure(f"a run of AgentRunSchedule {name} for this second exists already; "
+                      "try again in a second")
+    print(f"agentrun/{created['metadata']['name']} created (AgentRunSchedule {name}, now)")
+    return OK
+
+
 # -- command line -----------------------------------------------------------------------------
 
 
@@ -471,6 +553,18 @@ def parser() -> argparse.ArgumentParser:
                    "the model is told so")
     a.add_argument("--note", help="why (a denial's note is what the model is told)")
     a.add_argument("--timeout", type=float, default=60, help="seconds to wait for the verdict")
+    c = sub.add_parser("cancel", parents=[common],
+                       help="stop a run and keep it (Cancelled, CancelRequested): annotates it "
+                            f"{ANNOTATION_CANCEL}=true")
+    c.add_argument("run")
+    c.add_argument("--note", help=f"why ({ANNOTATION_CANCEL_NOTE}; the operator puts it in "
+                                  "the run's message)")
+    s = sub.add_parser("schedule", help="AgentRunSchedules")
+    schedule_commands = s.add_subparsers(dest="schedule_command", required=True)
+    g = schedule_commands.add_parser(
+        "trigger", parents=[common],
+        help="start a run of the schedule now (named like a slot, with its labels and owner)")
+    g.add_argument("schedule")
     return p
 
 
@@ -487,6 +581,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "approve":
             return approve(cluster, args.run, deny=args.deny, note=args.note,
                            timeout=args.timeout)
+        if args.command == "cancel":
+            return cancel(cluster, args.run, args.note)
+        if args.command == "schedule":
+            return trigger(cluster, args.schedule)
         return why(cluster, args.replay)
     except Failure as e:
         print(str(e), file=sys.stderr)

@@ -19,6 +19,8 @@ REPLAY_KIND: Final = "AgentRunReplay"
 REPLAY_PLURAL: Final = "agentrunreplays"
 APPROVAL_KIND: Final = "AgentRunApproval"
 APPROVAL_PLURAL: Final = "agentrunapprovals"
+SCHEDULE_KIND: Final = "AgentRunSchedule"
+SCHEDULE_PLURAL: Final = "agentrunschedules"
 
 
 class Phase:
@@ -77,6 +79,8 @@ class Reason:
     INPUT_FORBIDDEN: Final = "InputForbidden"
     SUCCEEDED: Final = "Succeeded"
     CANCELLED: Final = "Cancelled"
+    # Cancelled in place: the annotation agentrun.dev/cancel stopped the run and kept it.
+    CANCEL_REQUESTED: Final = "CancelRequested"
 
     # The only failure reasons a runner may report (the store API refuses any other): what
     # the agent itself ran into. Every other reason is an observation of the operator (or of
@@ -118,6 +122,32 @@ class ReplayReason:
     # The requester may not use what the replay run would (its Secrets, ConfigMaps, image,
     # ServiceAccount): never overridden by force.
     NOT_AUTHORIZED: Final = "NotAuthorized"
+
+
+class ConcurrencyPolicy:
+    """AgentRunSchedule `spec.concurrencyPolicy`: what a slot does while a run is live."""
+
+    FORBID: Final = "Forbid"  # the slot is skipped (the default)
+    ALLOW: Final = "Allow"  # the slot's run starts beside the live one
+    REPLACE: Final = "Replace"  # the live run is cancelled in place, then the slot's starts
+
+    ALL: Final = (FORBID, ALLOW, REPLACE)
+
+
+class ScheduleReason:
+    """Reasons of an AgentRunSchedule's conditions and Events."""
+
+    # Conditions.
+    SCHEDULED: Final = "Scheduled"  # Ready: slots come due and runs are started
+    SUSPENDED: Final = "Suspended"  # Ready: spec.suspend, no run is started
+    INVALID_SCHEDULE: Final = "InvalidSchedule"  # Stalled: the schedule or zone cannot be parsed
+    # Events.
+    RUN_CREATED: Final = "RunCreated"
+    SLOT_SKIPPED: Final = "SlotSkipped"
+    SLOT_MISSED: Final = "SlotMissed"
+    REPLACING: Final = "Replacing"
+    RUN_DELETED: Final = "RunDeleted"
+    RUN_CREATION_FAILED: Final = "RunCreationFailed"
 
 
 class Condition:
@@ -189,6 +219,12 @@ class Trigger:
 LABEL_RUN: Final = f"{GROUP}/run"
 LABEL_ATTEMPT: Final = f"{GROUP}/attempt"
 LABEL_REPLAY_OF: Final = f"{GROUP}/replay-of"
+# On a schedule's run: the AgentRunSchedule that started it.
+LABEL_SCHEDULE: Final = f"{GROUP}/schedule"
+# Cancel in place: "true" stops a live run and keeps it (Cancelled, CancelRequested); the
+# note, if any, goes into the run's message.
+ANNOTATION_CANCEL: Final = f"{GROUP}/cancel"
+ANNOTATION_CANCEL_NOTE: Final = f"{GROUP}/cancel-note"
 ANNOTATION_FORCE_REPLAY: Final = f"{GROUP}/force-replay"
 # On a replay run (set by the operator with spec.replayOf): the original's input snapshot.
 ANNOTATION_INPUT_DIGEST: Final = f"{GROUP}/input-digest"

@@ -33,12 +33,13 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 
 
 def apply_crds(plane: ControlPlane, directory: Path = CRDS) -> None:
-    """Server-side applies crds/ and waits until both CRDs are Established."""
+    """Server-side applies crds/ and waits until every CRD is Established."""
     plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(directory))
     plane.kubectl(
         "wait", "--for=condition=Established", "--timeout=60s",
         "crd/agentruns.agentrun.dev", "crd/agentrunreplays.agentrun.dev",
         "crd/agentrunapprovals.agentrun.dev",
+        "crd/agentrunschedules.agentrun.dev",
     )
 
 

@@ -1,7 +1,8 @@
 """The chart's files that are made from others (`make chart-crds`): crds/ stays the one
 source of the CRDs, admission policies and ClusterRoles (`make install` applies it), and
 the chart ships copies of them; the Argo CD health checks are written once, as Lua files
-in Argo CD's own layout, and the argocd-cm patch is made from them.
+in Argo CD's own layout, and the argocd-cm patch is made from them. In crds/ itself, the
+AgentRunSchedule's runTemplate.spec is the AgentRun spec, made from the AgentRun CRD.
 
 `python -m agentrun_devtools.chart_sources` writes them; tests/chart/test_chart_sources.py
 fails when a file on disk differs from what this would write.
@@ -9,8 +10,10 @@ fails when a file on disk differs from what this would write.
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -21,6 +24,45 @@ CHART = REPO / "charts" / "agentrun"
 ARGOCD = CHART / "argocd"
 ARGOCD_PATCH = ARGOCD / "argocd-cm-patch.yaml"
 COMMAND = "make chart-crds"
+RUN_CRD = CRDS / "agentrun.dev_agentruns.yaml"
+SCHEDULE_CRD = CRDS / "agentrun.dev_agentrunschedules.yaml"
+_BEGIN = "# BEGIN the AgentRun spec"
+_END = "# END the AgentRun spec"
+
+
+def template_spec() -> dict[str, Any]:
+    """The AgentRun spec's schema as a schedule's runTemplate.spec: the same fields and
+    rules, less what makes a run's spec a record (it is immutable) and trigger's default
+    (a schedule's runs are trigger schedule; the template's own rule refuses any other)."""
+    crd = yaml.safe_load(RUN_CRD.read_text())
+    spec: dict[str, Any] = copy.deepcopy(
+        crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"])
+    spec["description"] = ("The spec of each run: an AgentRun spec, with the AgentRun "
+                           "spec's rules (it may change: each run takes it as it is then).")
+    spec["x-kubernetes-validations"] = [r for r in spec.get("x-kubernetes-validations", [])
+                                        if r.get("rule") != "self == oldSelf"]
+    spec["properties"]["trigger"].pop("default", None)
+    return spec
+
+
+def schedule_crd() -> bytes:
+    """crds/agentrun.dev_agentrunschedules.yaml with the AgentRun spec between its marks."""
+    lines = SCHEDULE_CRD.read_text().splitlines()
+    begin = next(i for i, line in enumerate(lines) if line.strip().startswith(_BEGIN))
+    end = next(i for i, line in enumerate(lines) if line.strip() == _END)
+    indent = " " * (len(lines[begin]) - len(lines[begin].lstrip()))
+    dumped = yaml.safe_dump({"spec": template_spec()}, sort_keys=False, width=88,
+                            allow_unicode=True)
+    block = [f"{indent}{line}" if line else "" for line in dumped.splitlines()]
+    header = [line for line in lines[begin:end] if line.strip().startswith("#")]
+    return ("\n".join([*lines[:begin], *header, *block, *lines[end:]]) + "\n").encode()
+
+
+def sources() -> dict[Path, bytes]:
+    """crds/ as `make install` applies it: every file as it is, the schedule's CRD with
+    its runTemplate.spec made from the AgentRun CRD."""
+    return {p: schedule_crd() if p == SCHEDULE_CRD else p.read_bytes()
+            for p in sorted(CRDS.glob("*.yaml"))}
 
 
 def _header(source: Path) -> str:
@@ -28,17 +70,17 @@ def _header(source: Path) -> str:
             "this copy.\n")
 
 
-def _copied(source: Path) -> bytes:
-    return _header(source).encode() + source.read_bytes()
+def _copied(source: Path, content: bytes) -> bytes:
+    return _header(source).encode() + content
 
 
-def _guarded(source: Path) -> bytes:
+def _guarded(source: Path, content: bytes) -> bytes:
     """A template of `source` in which each object is rendered only when the release may
     own it (agentrun.ours): absent from the cluster, or already this release's. What
     `make install` applied stays `make install`'s (it keeps it current, as it does the
     CRDs), so `make install` then `helm install` do not collide."""
     parts = []
-    for doc in source.read_text().split("\n---\n"):
+    for doc in content.decode().split("\n---\n"):
         body = "\n".join(line for line in doc.splitlines() if not line.startswith("#"))
         found = yaml.safe_load(body)
         if not found:
@@ -55,16 +97,16 @@ def copies() -> dict[Path, bytes]:
     """The chart's copy of every file of crds/: the CRDs in the chart's crds/ (Helm installs
     them once and never upgrades them), the rest as templates, guarded (_guarded)."""
     out = {}
-    for source in sorted(CRDS.glob("*.yaml")):
+    for source, content in sources().items():
         if source.name.startswith("agentrun.dev_"):
-            out[CHART / "crds" / source.name] = _copied(source)
+            out[CHART / "crds" / source.name] = _copied(source, content)
         else:
-            out[CHART / "templates" / source.name] = _guarded(source)
+            out[CHART / "templates" / source.name] = _guarded(source, content)
     return out
 
 
 def argocd_patch() -> bytes:
-    """A merge patch of Argo CD's argocd-cm carrying both health checks, under the keys
+    """A merge patch of Argo CD's argocd-cm carrying every health check, under the keys
     Argo CD reads (resource.customizations.health.<group>_<kind>)."""
     lines = [f"# Generated from charts/agentrun/argocd/*/*/health.lua by `{COMMAND}`.",
              "# kubectl patch configmap argocd-cm -n argocd --type merge \\",
@@ -79,7 +121,7 @@ def argocd_patch() -> bytes:
 
 def generated() -> dict[Path, bytes]:
     """Every generated file of the chart and its content."""
-    return {**copies(), ARGOCD_PATCH: argocd_patch()}
+    return {SCHEDULE_CRD: schedule_crd(), **copies(), ARGOCD_PATCH: argocd_patch()}
 
 
 def main() -> int:

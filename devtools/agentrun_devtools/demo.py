@@ -16,9 +16,12 @@ the background (log: <state>/operator.log, pid: <state>/operator.pid; embedded S
 3. resume (retry.resume): a run evicted after send_email answered resumes by itself and
    finishes with exactly one email; one evicted while charge_card (Effectful) is in doubt is
    not resumed, and says why (ToolCallInDoubt, the model sentence);
-4. outcome: a run's answer and usage on the run; a budget (maxModelCalls) that stops a run
+4. a schedule (AgentRunSchedule, @every 10s, Forbid) whose runs take longer than a slot:
+   the slot that comes due while its run is live is skipped, and counted; then it is
+   suspended.
+5. outcome: a run's answer and usage on the run; a budget (maxModelCalls) that stops a run
    before its next model call;
-5. approval: a charge_card call waits for a human with no pod; a user without
+6. approval: a charge_card call waits for a human with no pod; a user without
    agentrun-approver is refused by the API server; an approver approves and the card is
    charged once; a second payment is denied, and the agent is told.
 
@@ -52,7 +55,9 @@ from agentrun.vocabulary import (
     ENV_DATABASE_URL,
     ENV_SCRIPT,
     FORCER_CLUSTER_ROLE,
+    LABEL_SCHEDULE,
     RUN_KIND,
+    SCHEDULE_KIND,
     SCRIPTED_MODEL,
     Phase,
     ReplayPhase,
@@ -185,6 +190,9 @@ class Demo:
         with open(log, "w") as out:
             # The demo's runs use the scripted model, which the operator honours only
             # when told to (the chart leaves it off).
+            # The store API speaks TLS only: the development pair `cluster up` wrote into
+            # this state directory (the operator's defaults name the checkout's .local).
+            tls = self.paths.store_api_tls
             process = subprocess.Popen(
                 [str(VENV_BIN / "agentrun-operator"), "--allow-scripted-model",
                  f"--store-api-tls-cert-file={tls / 'tls.crt'}",
@@ -345,6 +353,37 @@ class Demo:
         self.kubectl("get", "agentrun", "charge-44", "-n", NAMESPACE, "-o",
                      "jsonpath={.status.conditions[?(@.type==\"Resumable\")].message}")
 
+    def story_schedule(self) -> None:
+        heading("8. A schedule under Forbid skips a slot while its run is live")
+        say("An AgentRunSchedule starts a run every 10 s; each run thinks for 15 s. Forbid "
+            "(the default) never starts a second run while one is live: that slot is skipped.")
+        script: list[dict[str, Any]] = [{"sleep": 15}, {"text": "Queue triaged."}]
+        template = run_manifest("unused", script)
+        schedule = {"apiVersion": API_VERSION, "kind": SCHEDULE_KIND,
+                    "metadata": {"name": "triage"},
+                    "spec": {"schedule": "@every 10s", "concurrencyPolicy": "Forbid",
+                             "runTemplate": {"spec": template["spec"]}}}
+        self.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps(schedule, indent=1))
+
+        def skipped() -> bool:
+            return int((self.get("agentrunschedule", "triage").get("status") or {}).get(
+                "skipped") or 0) >= 1
+
+        self.wait("a skipped slot", skipped, timeout=90)
+        self.kubectl("get", "agentrunschedule", "triage", "-n", NAMESPACE)
+        self.kubectl("get", "agentruns", "-n", NAMESPACE, "-l", f"{LABEL_SCHEDULE}=triage")
+        self.kubectl("get", "agentrunschedule", "triage", "-n", NAMESPACE, "-o",
+                     "jsonpath=skipped: {.status.skipped}, missed: {.status.missed}")
+        events = self.kubectl("get", "events", "-n", NAMESPACE, "--field-selector",
+                              "involvedObject.name=triage,reason=SlotSkipped", "-o",
+                              "jsonpath={.items[0].message}")
+        if not events.stdout.strip():
+            raise RuntimeError("no SlotSkipped Event on the schedule")
+        say("Suspended, it starts nothing more (the run that is live finishes):")
+        self.kubectl("patch", "agentrunschedule", "triage", "-n", NAMESPACE, "--type=merge",
+                     "-p", '{"spec": {"suspend": true}}')
+        self.kubectl("get", "agentrunschedule", "triage", "-n", NAMESPACE)
+
     def story_outcome(self) -> None:
         heading("9. A run's answer and what it used are on the run")
         script: list[dict[str, Any]] = [
@@ -441,11 +480,12 @@ class Demo:
             f"export KUBECONFIG={self.paths.kubeconfig}",
             f"export PATH={self.state / 'bin'}:{VENV_BIN}:$PATH",
             f"export DATABASE_URL={self.store_url}",
-            f"kubectl get agentruns,agentrunreplays -n {NAMESPACE} -o wide",
+            f"kubectl get agentruns,agentrunreplays,agentrunschedules -n {NAMESPACE} -o wide",
             f"kubectl describe agentrunreplay refund-42-again -n {NAMESPACE}",
             f"kubectl describe agentrun refund-42 -n {NAMESPACE}",
             f"kubectl agentrun tools refund-42 -n {NAMESPACE}",
             f"kubectl agentrun why lookup-7-again -n {NAMESPACE}",
+            f"kubectl describe agentrunschedule triage -n {NAMESPACE}",
             f"kubectl agentrun replay lookup-7 -n {NAMESPACE}     # a second replay: "
             "AlreadyReplayed",
             f"kubectl get events -n {NAMESPACE} --sort-by=.lastTimestamp",
@@ -477,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         demo.story_email()
         demo.story_no_tool()
         demo.story_resume()
+        demo.story_schedule()
         demo.story_outcome()
         demo.story_approval()
     except (RuntimeError, TimeoutError) as e:

@@ -18,7 +18,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agentrun import effects
-from agentrun.vocabulary import ANNOTATION_FORCE_REPLAY, Phase, ReplayPhase, ReplayReason
+from agentrun.vocabulary import (
+    ANNOTATION_CANCEL,
+    ANNOTATION_FORCE_REPLAY,
+    Phase,
+    ReplayPhase,
+    ReplayReason,
+)
 
 FORCE_HINT = f"Annotate {ANNOTATION_FORCE_REPLAY}=true to run it again anyway."
 
@@ -54,6 +60,12 @@ class Decision:
 def is_forced(annotations: Mapping[str, str] | None) -> bool:
     """The force annotation says "true" (the admission policy decides who may write it)."""
     value = (annotations or {}).get(ANNOTATION_FORCE_REPLAY, "")
+    return value.strip().lower() == "true"
+
+
+def cancel_requested(annotations: Mapping[str, str] | None) -> bool:
+    """The cancel-in-place annotation says "true" (whoever may patch the run may add it)."""
+    value = (annotations or {}).get(ANNOTATION_CANCEL, "")
     return value.strip().lower() == "true"
 
 

@@ -1,7 +1,8 @@
 """kopf handlers: what is watched, and how each change reaches the work queue.
 
 Every handler is a few lines of in-memory work: remember the object, put its key on the
-queue. The reconciles (reconcile.py for AgentRuns, replay.py for AgentRunReplays) run in
+queue. The reconciles (reconcile.py for AgentRuns, replay.py for AgentRunReplays,
+schedule_reconcile.py for AgentRunSchedules) run in
 the workers started here, only on the replica that holds the leader Lease when leader
 election is on. kopf is asked to watch and to post Events, and nothing else: there are
 no change-detecting handlers on our kinds, so kopf writes no progress or diff-base
@@ -31,6 +32,7 @@ from agentrun.vocabulary import (
     LABEL_RUN,
     REPLAY_PLURAL,
     RUN_PLURAL,
+    SCHEDULE_PLURAL,
     VERSION,
     Phase,
     ReplayPhase,
@@ -43,6 +45,7 @@ from agentrun_operator.kube import Kube
 from agentrun_operator.leader import LeaderElection
 from agentrun_operator.reconcile import Context, slim_node, slim_pod, slim_run, work
 from agentrun_operator.replay import reconcile_replay
+from agentrun_operator.schedule_reconcile import index_run, list_schedule_runs, reconcile_schedule
 from agentrun_operator.status import node_ready
 
 log = logging.getLogger("agentrun.operator")
@@ -190,9 +193,13 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
         memo.tasks = []
 
         async def lead() -> None:
-            # The leader alone acts: the reconciles and the daily purge.
+            # The leader alone acts: the reconciles and the daily purge. First the runs of
+            # schedules, listed once, so that no schedule is looked at on a cache that
+            # kopf's watch has not filled yet (it then keeps them current).
+            await list_schedule_runs(ctx, named, watched)
             memo.workers = [asyncio.create_task(work(ctx, {"replay": reconcile_replay,
-                                                           "approval": reconcile_approval}))
+                                                           "approval": reconcile_approval,
+                                                           "schedule": reconcile_schedule}))
                             for _ in range(running.workers)]
             memo.workers.append(asyncio.create_task(retention.purge_daily(ctx)))
             memo.workers.append(asyncio.create_task(usage.watch(ctx)))
@@ -238,6 +245,10 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
     @kopf.on.event(GROUP, VERSION, RUN_PLURAL, registry=registry)
     async def run_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         _observe(memo.ctx, memo.ctx.runs, "run", type, body, slim_run)
+        # A schedule's run changed: its schedule looks again (Forbid, Replace, history).
+        schedule = index_run(memo.ctx, body, type == "DELETED")
+        if schedule:
+            memo.ctx.queue.add(("schedule", body.metadata.namespace or "", schedule))
 
     @kopf.on.event(GROUP, VERSION, REPLAY_PLURAL, registry=registry)
     async def replay_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
@@ -246,6 +257,10 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
     @kopf.on.event(GROUP, VERSION, APPROVAL_PLURAL, registry=registry)
     async def approval_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         _observe(memo.ctx, memo.ctx.approvals, "approval", type, body, _whole)
+
+    @kopf.on.event(GROUP, VERSION, SCHEDULE_PLURAL, registry=registry)
+    async def schedule_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        _observe(memo.ctx, memo.ctx.schedules, "schedule", type, body, _whole)
 
     return registry
 
@@ -271,7 +286,8 @@ def _observe(ctx: Context, cache: dict[tuple[str, str], dict[str, Any]], kind: s
 
 
 def resync_all(ctx: Context) -> None:
-    """Every run and replay with something possibly left to do, on the queue."""
+    """Every run and replay with something possibly left to do, and every schedule, on
+    the queue."""
     for (namespace, name), run in list(ctx.runs.items()):
         if _needs_look(run):
             ctx.queue.add(("run", namespace, name))
@@ -283,6 +299,8 @@ def resync_all(ctx: Context) -> None:
         if phase != ReplayPhase.APPROVED or not (replay.get("status") or {}).get(
                 "replayRunName"):
             ctx.queue.add(("replay", namespace, name))
+    for namespace, name in list(ctx.schedules):
+        ctx.queue.add(("schedule", namespace, name))
 
 
 async def _resync_forever(ctx: Context) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from agentrun.vocabulary import GROUP, REPLAY_PLURAL, RUN_PLURAL, VERSION
+from agentrun.vocabulary import GROUP, REPLAY_PLURAL, RUN_PLURAL, SCHEDULE_PLURAL, VERSION
 
 
 class InputMissing(Exception):
@@ -81,15 +81,59 @@ class Kube:
         return await self._read(self.custom.get_namespaced_custom_object, GROUP, VERSION,
                                 namespace, REPLAY_PLURAL, name)
 
-    async def create_run(self, manifest: Mapping[str, Any]) -> bool:
-        """Creates an AgentRun; False if one of that name exists already."""
+    async def read_schedule(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._read(self.custom.get_namespaced_custom_object, GROUP, VERSION,
+                                namespace, SCHEDULE_PLURAL, name)
+
+    async def create_run(self, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Creates an AgentRun and returns it; None if one of that name exists already."""
         ns = manifest["metadata"]["namespace"]
-        return await self._create(self.custom.create_namespaced_custom_object, GROUP, VERSION,
-                                  ns, RUN_PLURAL, dict(manifest))
+        try:
+            response = await asyncio.to_thread(
+                self.custom.create_namespaced_custom_object, GROUP, VERSION, ns, RUN_PLURAL,
+                dict(manifest), _preload_content=False)
+        except ApiException as e:
+            if e.status == 409:
+                return None
+            raise
+        return _json(response)
+
+    async def annotate_run(self, namespace: str, name: str, uid: str,
+                           annotations: Mapping[str, str]) -> bool:
+        """Merges `annotations` into AgentRun `name`, only if it is still the run `uid`
+        (a precondition the API server checks). Returns whether it was annotated."""
+        body = {"metadata": {"uid": uid, "annotations": dict(annotations)}}
+        try:
+            await asyncio.to_thread(self.custom.patch_namespaced_custom_object, GROUP,
+                                    VERSION, namespace, RUN_PLURAL, name, body)
+        except ApiException as e:
+            if e.status in (404, 409):  # 409: another run of that name
+                return False
+            raise
+        return True
+
+    async def delete_run(self, namespace: str, name: str, uid: str) -> bool:
+        """Deletes AgentRun `name` only if it is still the run `uid`. Its finalizer then
+        keeps it until the store holds its record. Returns whether this call deleted it."""
+        body = {"preconditions": {"uid": uid}}
+        try:
+            await asyncio.to_thread(self.custom.delete_namespaced_custom_object, GROUP,
+                                    VERSION, namespace, RUN_PLURAL, name, body=body)
+        except ApiException as e:
+            if e.status in (404, 409):
+                return False
+            raise
+        return True
 
     async def list_runs(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         response = await asyncio.to_thread(
             self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, RUN_PLURAL,
+            label_selector=label_selector, _preload_content=False)
+        return list(_json(response).get("items") or [])
+
+    async def list_runs_everywhere(self, label_selector: str) -> list[dict[str, Any]]:
+        response = await asyncio.to_thread(
+            self.custom.list_cluster_custom_object, GROUP, VERSION, RUN_PLURAL,
             label_selector=label_selector, _preload_content=False)
         return list(_json(response).get("items") or [])
 

@@ -68,6 +68,18 @@ REPLAY_DECISIONS = Counter(
     "AgentRunReplay decisions written to their status, by phase and reason.",
     ["phase", "reason"],
 )
+SCHEDULE_SLOTS = Counter(
+    "agentrun_schedule_slots_total",
+    "AgentRunSchedule slots that came due, by what became of them: created (a run was "
+    "started), skipped (Forbid, a run was live), missed (past startingDeadlineSeconds, or "
+    "passed over after downtime), passed (suspended).",
+    ["outcome"],
+)
+SCHEDULE_START_DELAY = Histogram(
+    "agentrun_schedule_start_delay_seconds",
+    "From a slot's time to the return of the create of its AgentRun.",
+    buckets=_BUCKETS,
+)
 TOOLS_UNKNOWN = Counter(
     "agentrun_tools_unknown_total",
     "Runs settled while the run store could not be read (toolsExecuted null).",

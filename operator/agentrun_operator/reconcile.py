@@ -8,6 +8,8 @@ it matters, the store's attempt row, and takes ONE step:
 
     deleting              -> stop the pod, record Cancelled with the tools, drop the finalizer
     no finalizer          -> add it
+    live, agentrun.dev/cancel
+                          -> cancel in place: settle (the fence), stop the pod, Cancelled
     settled               -> fill a toolsExecuted the store could not count; delete pods
                              past their time-to-live
     not launched          -> snapshot the input, write the run down, Pending
@@ -40,6 +42,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import effects, store
 from agentrun.vocabulary import (
+    ANNOTATION_CANCEL,
+    ANNOTATION_CANCEL_NOTE,
     DEFAULT_USER_ID,
     GROUP,
     LABEL_RUN,
@@ -62,6 +66,7 @@ from agentrun_operator.decide import (
     Journal,
     JournalCall,
     Original,
+    cancel_requested,
     decide_resume,
 )
 from agentrun_operator.informer import Informer, Informers, Key
@@ -84,7 +89,8 @@ _OPERATORS_OWN = frozenset({Reason.IMAGE_PULL_FAILED, Reason.INPUT_UNAVAILABLE,
                             Reason.SESSION_NOT_OWNED, Reason.POD_INVALID})
 # Ends after which the pod may still be running, and must be stopped (after the settle,
 # which fences the ledger first).
-_STOP_POD = frozenset({Reason.IMAGE_PULL_FAILED, Reason.DEADLINE_EXCEEDED, Reason.STALE})
+_STOP_POD = frozenset({Reason.IMAGE_PULL_FAILED, Reason.DEADLINE_EXCEEDED, Reason.STALE,
+                       Reason.CANCEL_REQUESTED})
 # A pod we created is in the pod informer within this long, or it was deleted.
 EXPECTATION_SECONDS = 30.0
 # Unknown tools are read again this often, until the store answers.
@@ -92,7 +98,7 @@ UNKNOWN_TOOLS_RETRY = 5.0
 # A node that is not Ready is looked at this often (its pods fail NodeLost after a grace).
 NODE_RECHECK = 1.0
 
-RunKey = tuple[str, str, str]  # ("run" | "replay", namespace, name)
+RunKey = tuple[str, str, str]  # ("run" | "replay" | "schedule", namespace, name)
 
 
 def now() -> datetime.datetime:
@@ -107,10 +113,18 @@ class Context:
     engine: AsyncEngine
     kube: Kube
     queue: WorkQueue[RunKey] = field(default_factory=WorkQueue)
-    # AgentRuns and AgentRunReplays as kopf's watch last saw them (slimmed).
+    # AgentRuns (slimmed), AgentRunReplays and AgentRunSchedules as kopf's watch last saw
+    # them.
     runs: dict[Key, dict[str, Any]] = field(default_factory=dict)
     replays: dict[Key, dict[str, Any]] = field(default_factory=dict)
     approvals: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    schedules: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    # The runs carrying each schedule's label (agentrun.dev/schedule), by name: the
+    # schedule's reconcile reads its runs here, not by a walk of every run.
+    schedule_runs: dict[Key, set[str]] = field(default_factory=dict)
+    # Whether every run of a schedule was listed since this replica started leading: until
+    # then, a schedule asks the API server for its runs before it starts one.
+    schedule_runs_listed: bool = False
     pods: Informer | Informers | None = None
     nodes: Informer | None = None
     # Pods we created and the pod informer has not shown yet: (namespace, pod) -> when.
@@ -171,8 +185,9 @@ def slim_run(obj: Mapping[str, Any]) -> dict[str, Any]:
     meta = obj.get("metadata") or {}
     launched = bool((obj.get("status") or {}).get("inputDigest"))
     spec = {k: v for k, v in (obj.get("spec") or {}).items() if k != "input" or not launched}
+    # ownerReferences: a schedule's runs are its own (its uid as their controller).
     keep = ("name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
-            "deletionTimestamp", "finalizers", "labels", "annotations")
+            "deletionTimestamp", "finalizers", "labels", "annotations", "ownerReferences")
     return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
             "metadata": {k: meta[k] for k in keep if k in meta}, "spec": spec,
             "status": dict(obj.get("status") or {})}
@@ -243,6 +258,8 @@ async def reconcile_run(ctx: Context, namespace: str, name: str) -> float | None
         run = slim_run(patched)
         meta, status = run["metadata"], run.get("status") or {}
     phase = status.get("phase")
+    if phase not in Phase.TERMINAL and cancel_requested(meta.get("annotations")):
+        return await _cancel_in_place(ctx, run)
     if phase in Phase.TERMINAL:
         return await _settled(ctx, run)
     if phase == Phase.WAITING:
@@ -1051,6 +1068,31 @@ async def _cancel(ctx: Context, run: Mapping[str, Any]) -> float | None:
         return UNKNOWN_TOOLS_RETRY  # the store cannot be read: keep the finalizer
     await ctx.kube.patch_finalizers(RUN_PLURAL, run, [f for f in finalizers if f != FINALIZER])
     return None
+
+
+# A note on a cancel request is cut to this length in the run's message.
+CANCEL_NOTE_CHARS = 512
+
+
+async def _cancel_in_place(ctx: Context, run: Mapping[str, Any]) -> float | None:
+    """Cancel in place (annotation agentrun.dev/cancel): the run ends as any run ends, and
+    stays. The attempt is settled first (the fence: no tool starts after it, every call
+    started before is counted), then its pod is stopped (with its uid as precondition);
+    the run shows Cancelled, CancelRequested, with toolsExecuted. A runner that had
+    already recorded its answer keeps it (Succeeded): the cancel came too late to stop it.
+    A run not launched yet is written down and settled with nothing run."""
+    meta, status = run["metadata"], run.get("status") or {}
+    note = (meta.get("annotations") or {}).get(ANNOTATION_CANCEL_NOTE, "").strip()
+    message = f"Cancelled on request ({ANNOTATION_CANCEL})" + (
+        f": {note[:CANCEL_NOTE_CHARS]}" if note else "") + "."
+    if not status.get("phase") or not status.get("inputDigest"):
+        await _record_run(ctx, run, status.get("inputDigest"))
+        message += " It had not started: nothing ran."
+    else:
+        message += " Its runner pod was stopped."
+    _log(run, "cancel-requested", attempt=current_attempt(status))
+    return await _finish(ctx, run, current_attempt(status), Outcome(
+        Phase.CANCELLED, Reason.CANCEL_REQUESTED, message))
 
 
 # -- workers ------------------------------------------------------------------------------------

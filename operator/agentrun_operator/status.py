@@ -89,6 +89,23 @@ def gitops_conditions(
     return conditions
 
 
+def schedule_conditions(
+    stalled: bool, reason: str, message: str, now: datetime.datetime,
+    previous: Sequence[Mapping[str, Any]] = (),
+) -> list[dict[str, Any]]:
+    """An AgentRunSchedule's conditions: Ready True while its slots are kept (suspended
+    included: it does what it was told); Stalled True, Ready False, when its schedule or
+    time zone cannot be parsed (nothing changes until its spec does). Never Reconciling
+    once observed: a schedule is not converging on anything between two slots."""
+    ready = "False" if stalled else "True"
+    conditions = [_condition(Condition.READY, ready, reason, message, now, previous),
+                  _condition(Condition.RECONCILING, "False", reason, message, now, previous)]
+    if stalled:
+        conditions.append(_condition(Condition.STALLED, "True", reason, message, now,
+                                     previous))
+    return conditions
+
+
 def with_gitops_conditions(status: Mapping[str, Any], generation: int | None,
                            now: datetime.datetime) -> dict[str, Any]:
     """`status` with its Ready/Reconciling/Stalled conditions brought in line with its phase,

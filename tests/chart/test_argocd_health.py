@@ -95,6 +95,14 @@ PHASES = {
         "approved": ("Healthy", kstatus.CURRENT),
         "refused": ("Degraded", kstatus.FAILED),
     },
+    "AgentRunSchedule": {
+        "created": ("Progressing", kstatus.CURRENT),
+        "unobserved": ("Progressing", kstatus.IN_PROGRESS),
+        "scheduled": ("Healthy", kstatus.CURRENT),
+        "running": ("Healthy", kstatus.CURRENT),
+        "suspended": ("Suspended", kstatus.CURRENT),
+        "invalid": ("Degraded", kstatus.FAILED),
+    },
 }
 
 

@@ -311,8 +311,8 @@ def test_with_namespaces_no_cluster_role_of_the_release_grants_a_namespaced_reso
     for namespace in ("team-a", "team-b"):
         rules = listed[("Role", "agentrun-operator", namespace)]["rules"]
         granted = {r for rule in rules for r in rule["resources"]}
-        assert {"agentruns", "agentrunreplays", "pods", "serviceaccounts", "events",
-                "secrets", "configmaps"} <= granted
+        assert {"agentruns", "agentrunreplays", "agentrunschedules", "pods",
+                "serviceaccounts", "events", "secrets", "configmaps"} <= granted
     # Without the list, the same rights are one ClusterRole, bound cluster-wide.
     everywhere = objects(control_plane, "postgres.enabled=true")
     rules = everywhere[("ClusterRole", "agentrun-operator-namespaced", None)]["rules"]
@@ -542,7 +542,8 @@ OPERATOR_RIGHTS: list[tuple[tuple[str, ...], bool]] = [
     (("get", "serviceaccounts", "-n", "tenant"), True),
     (("list", "agentruns.agentrun.dev", "-A"), True),
     (("watch", "agentruns.agentrun.dev", "-A"), True),
-    (("patch", "agentruns.agentrun.dev", "-n", "tenant"), True),  # the finalizer
+    # patch: the finalizer; a replaced run's agentrun.dev/cancel (Replace).
+    (("patch", "agentruns.agentrun.dev", "-n", "tenant"), True),
     (("create", "agentruns.agentrun.dev", "-n", "tenant"), True),  # replay runs, dry run
     (("update", "agentruns.agentrun.dev", "--subresource=status", "-n", "tenant"), True),
     (("update", "agentrunreplays.agentrun.dev", "--subresource=status", "-n", "tenant"),
@@ -550,6 +551,12 @@ OPERATOR_RIGHTS: list[tuple[tuple[str, ...], bool]] = [
     (("patch", "agentrunreplays.agentrun.dev", "--subresource=status", "-n", "tenant"),
      True),
     (("watch", "agentrunreplays.agentrun.dev", "-A"), True),
+    (("list", "agentrunschedules.agentrun.dev", "-A"), True),
+    (("watch", "agentrunschedules.agentrun.dev", "-A"), True),
+    (("update", "agentrunschedules.agentrun.dev", "--subresource=status", "-n", "tenant"),
+     True),
+    # A schedule's settled runs beyond its history limits.
+    (("delete", "agentruns.agentrun.dev", "-n", "tenant"), True),
     (("get", "secrets", "-n", "tenant"), True),  # input files (operator.namespaces empty)
     (("get", "configmaps", "-n", "tenant"), True),
     # Approvals: watched, their verdict written; never created (people decide).
@@ -560,7 +567,8 @@ OPERATOR_RIGHTS: list[tuple[tuple[str, ...], bool]] = [
     # A replay is decided for its requester (replay.py asks the authorizer about them).
     (("create", "subjectaccessreviews.authorization.k8s.io"), True),
     # Nothing it does not need.
-    (("delete", "agentruns.agentrun.dev", "-n", "tenant"), False),
+    (("delete", "agentrunschedules.agentrun.dev", "-n", "tenant"), False),
+    (("delete", "agentrunreplays.agentrun.dev", "-n", "tenant"), False),
     (("list", "secrets", "-n", "tenant"), False),
     (("delete", "nodes"), False),
 ]

@@ -51,7 +51,7 @@ def test_every_file_of_crds_is_in_the_chart_under_its_name() -> None:
 def test_the_argocd_patch_carries_each_health_check_exactly() -> None:
     data = yaml.safe_load(chart_sources.ARGOCD_PATCH.read_text())["data"]
     scripts = sorted(chart_sources.ARGOCD.glob("agentrun.dev/*/health.lua"))
-    assert {p.parent.name for p in scripts} >= {"AgentRun", "AgentRunReplay"}
+    assert {p.parent.name for p in scripts} >= {"AgentRun", "AgentRunReplay", "AgentRunSchedule"}
     assert data == {f"resource.customizations.health.agentrun.dev_{p.parent.name}": p.read_text()
                     for p in scripts}
 

@@ -269,3 +269,76 @@ def test_a_right_to_read_a_secret_holds_in_its_namespace_only(
     # The same run in the namespace where the Role is.
     apply(enforced, team, _run("triage-42", **_file_from("secretKeyRef", "s")), as_user=RITA,
           check=True)
+
+
+# -- a schedule's runTemplate: checked for the schedule's creator ----------------------------
+#
+# The operator creates a schedule's runs (and is exempt), so the check is made when the
+# schedule is created, or its template changed, as its creator.
+
+SCHEDULE_DENIED = DENIED + "AgentRunSchedule runTemplate "
+
+
+def _schedule(name: str, **spec: Any) -> dict[str, Any]:
+    from tests.cluster.test_schedule_crd import schedule_manifest
+
+    manifest = schedule_manifest(name)
+    template = manifest["spec"]["runTemplate"]["spec"]
+    for key, value in spec.items():
+        if key == "input":
+            template["input"] = {**template["input"], **value}
+        else:
+            template[key] = value
+    return manifest
+
+
+@pytest.mark.parametrize(("spec", "message"), REFERENCES)
+def test_a_schedule_may_name_only_what_its_creator_may_read(
+        enforced: Kubectl, team: str, spec: dict[str, Any], message: str) -> None:
+    done = apply(enforced, team, _schedule("nightly", **spec), as_user=NED)
+
+    said = message.format(ns=team).removeprefix("AgentRun ")
+    assert SCHEDULE_DENIED + said in refused(done)
+    assert get(enforced, team, "agentrunschedule/nightly") is None
+    apply(enforced, team, _schedule("nightly", **spec), as_user=RITA, check=True)
+
+
+def test_a_schedule_choosing_the_image_needs_create_pods(enforced: Kubectl, team: str) -> None:
+    done = apply(enforced, team, _schedule("nightly", image="runner:2"), as_user=NED)
+    assert DENIED + (
+        f"AgentRunSchedule sets spec.runTemplate.spec.image: ned may not create pods in"
+        f" namespace {team}; only principals who may create pods may choose the image a run"
+        " runs") in refused(done)
+    done = apply(enforced, team, _schedule("nightly", serviceAccountName="bot"), as_user=NED)
+    assert "AgentRunSchedule sets spec.runTemplate.spec.serviceAccountName: ned may not" in \
+        refused(done)
+
+
+def test_a_change_of_the_template_is_checked_for_whoever_makes_it(
+        enforced: Kubectl, team: str) -> None:
+    """rita's schedule names Secret s: ned (agentrun-edit, nothing more) may suspend it,
+    which leaves the template as it was, and may not change what the template names."""
+    apply(enforced, team, _schedule("nightly", **_file_from("secretKeyRef", "s")),
+          as_user=RITA, check=True)
+    enforced.kubectl("patch", "agentrunschedule", "nightly", "-n", team, "--type=merge",
+                     "-p", '{"spec": {"suspend": true}}', as_user=NED)
+    assert stored(enforced, team, "agentrunschedule/nightly")["spec"]["suspend"] is True
+    done = enforced.kubectl(
+        "patch", "agentrunschedule", "nightly", "-n", team, "--type=merge", "-p",
+        '{"spec": {"runTemplate": {"spec": {"input": {"text": "the weekend queue"}}}}}',
+        as_user=NED, check=False)
+    assert SCHEDULE_DENIED + (
+        f"input file 'invoice.pdf' names Secret s: ned may not get secrets/s in namespace "
+        f"{team}") in refused(done)
+
+
+def test_the_widest_template_fits_the_budget(enforced: Kubectl, team: str) -> None:
+    secrets = [f"s{i}" for i in range(8)]
+    configmaps = [f"c{i}" for i in range(8)]
+    _grant(enforced, team, "read-eight-s", "tess", "get", "secrets", *secrets)
+    _grant(enforced, team, "read-eight-c", "tess", "get", "configmaps", *configmaps)
+    _grant(enforced, team, "tess-pods", "tess", "create", "pods")
+    _may_edit(enforced, team, "--user=tess")
+    spec = {**_spread(secrets, configmaps), "image": "runner:2", "serviceAccountName": "bot"}
+
+    apply(enforced, team, _schedule("widest", **spec), as_user="tess", check=True)

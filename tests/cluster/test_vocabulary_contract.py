@@ -134,3 +134,20 @@ def test_every_policy_is_bound() -> None:
     mutating_bound = {d["spec"]["policyName"] for d in _docs()
                       if d["kind"] == "MutatingAdmissionPolicyBinding"}
     assert mutating == mutating_bound == {"agentrun-replay-requester"}
+
+
+def test_the_schedule_crd_speaks_the_vocabulary() -> None:
+    crd = _one("CustomResourceDefinition", f"{v.SCHEDULE_PLURAL}.{v.GROUP}")
+    assert (crd["spec"]["names"]["kind"], crd["spec"]["names"]["plural"]) == (
+        v.SCHEDULE_KIND, v.SCHEDULE_PLURAL)
+    assert [ver["name"] for ver in crd["spec"]["versions"]] == [v.VERSION]
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    policy = spec["properties"]["concurrencyPolicy"]
+    assert tuple(policy["enum"]) == v.ConcurrencyPolicy.ALL
+    assert policy["default"] == v.ConcurrencyPolicy.FORBID
+    # The template is the AgentRun spec, but for what makes a run's spec a record.
+    template = spec["properties"]["runTemplate"]["properties"]["spec"]
+    assert template["properties"].keys() == _run_spec()["properties"].keys()
+    assert "self == oldSelf" not in yaml.safe_dump(template)
+    rules = yaml.safe_dump(spec["properties"]["runTemplate"]["x-kubernetes-validations"])
+    assert f"'{v.Trigger.SCHEDULE}'" in rules

@@ -57,6 +57,12 @@ def test_demo_tells_the_story_and_leaves_the_cluster_up(tmp_path: Path) -> None:
         assert ("it may or may not have happened, and charge_card is Effectful. Check "
                 "whether it happened; annotate agentrun.dev/force-replay=true to resume and "
                 "call it again.") in out
+        # 8. a schedule under Forbid skips a slot while its run is live
+        assert "== 8. A schedule under Forbid skips a slot while its run is live ==" in out
+        assert "Skipped the slot of " in out
+        assert "is still live and concurrencyPolicy is Forbid." in out
+        assert "triage   @every 10s   false" in out and "triage   @every 10s   true" in out
+        assert "skipped: 1, missed: 0" in out or "skipped: 2, missed: 0" in out
         # 9. the answer and the usage on the run
         assert "Refunded customer 45 and told them." in out
         assert ('{"inputTokens":1200,"modelCalls":2,"outputTokens":50,"toolCalls":1}' in out)

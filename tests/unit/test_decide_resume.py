@@ -69,6 +69,12 @@ ROWS = [
      None, ReplayPhase.APPROVED, ReplayReason.RESUMABLE, None),
     ("no call at all", failed([]), Journal(True, ()), None, ReplayPhase.APPROVED,
      ReplayReason.RESUMABLE, None),
+    # Cancelled in place (CancelRequested) is resumed by the same rules as any end.
+    ("cancelled in place, calls finished", failed(["send_email"], phase=Phase.CANCELLED),
+     OK, None, ReplayPhase.APPROVED, ReplayReason.RESUMABLE, None),
+    ("cancelled in place, an Effectful call in doubt",
+     failed(["charge_card"], phase=Phase.CANCELLED), Journal(True, (CHARGE_IN_DOUBT,)), None,
+     ReplayPhase.REFUSED, ReplayReason.TOOL_CALL_IN_DOUBT, True),
 ]
 
 

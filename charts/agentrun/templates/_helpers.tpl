@@ -60,15 +60,21 @@ The operator's rights inside the namespaces of runs (operator.yaml binds them wi
 per namespace of operator.namespaces, or a ClusterRole when it is empty).
 */}}
 {{- define "agentrun.operatorNamespacedRules" -}}
-# Watched by every replica; create: a replay's new run (and its start-up dry run, which
-# needs the same verb); patch: the finalizer (a JSON patch with a resourceVersion test).
+# Watched by every replica; create: a replay's new run and a schedule's runs (and the
+# start-up dry run, which needs the same verb); patch: the finalizer (a JSON patch with a
+# resourceVersion test) and a replaced run's agentrun.dev/cancel (Replace).
 - apiGroups: [agentrun.dev]
-  resources: [agentruns, agentrunreplays]
+  resources: [agentruns, agentrunreplays, agentrunschedules]
   verbs: [get, list, watch, create, patch, update]
+# A schedule's settled runs beyond its history limits (with the run's uid as a
+# precondition; its finalizer keeps it until the store holds its record).
+- apiGroups: [agentrun.dev]
+  resources: [agentruns]
+  verbs: [delete]
 # The status is written whole (update, with the resourceVersion as precondition); patch
 # for a replay's status when no resourceVersion is at hand.
 - apiGroups: [agentrun.dev]
-  resources: [agentruns/status, agentrunreplays/status]
+  resources: [agentruns/status, agentrunreplays/status, agentrunschedules/status]
   verbs: [get, patch, update]
 # Approvals: watched, and their verdict written (never created: people decide).
 - apiGroups: [agentrun.dev]
