@@ -408,6 +408,19 @@ async def _settle_on(
     return existing is not None or result.rowcount == 1
 
 
+async def close_run(engine: AsyncEngine, uid: str, attempt: int, status: str,
+                    reason: str | None, message: str | None) -> bool:
+    """Ends a run whose current attempt was settled already (it ended waiting for an
+    approval, and the run is cancelled while it waits): the run row says how the run
+    ended. Returns whether the row was the run's at that attempt."""
+    async with engine.begin() as conn:
+        done = await conn.execute(
+            update(runs).where(runs.c.uid == uid, runs.c.attempts == attempt)
+            .values(status=status, reason=reason, message=message, finished_at=_now(),
+                    updated_at=_now()))
+    return done.rowcount == 1
+
+
 async def set_tools_executed(
     engine: AsyncEngine, uid: str, attempt: int, tools_executed: Sequence[str]
 ) -> bool:

@@ -107,7 +107,8 @@ class _Caches(Collector):
         self.depth: Callable[[], int] = lambda: 0
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
-        return self._families({}, 0, {})
+        # One sample per family, so that what describes them says their labels too.
+        return self._families({}, 0, {"": 0})
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         if self.runs is None:

@@ -1085,6 +1085,8 @@ async def _cancel_in_place(ctx: Context, run: Mapping[str, Any]) -> float | None
     note = (meta.get("annotations") or {}).get(ANNOTATION_CANCEL_NOTE, "").strip()
     message = f"Cancelled on request ({ANNOTATION_CANCEL})" + (
         f": {note[:CANCEL_NOTE_CHARS]}" if note else "") + "."
+    if status.get("phase") == Phase.WAITING:
+        return await _cancel_waiting(ctx, run, message)
     if not status.get("phase") or not status.get("inputDigest"):
         await _record_run(ctx, run, status.get("inputDigest"))
         message += " It had not started: nothing ran."
@@ -1093,6 +1095,36 @@ async def _cancel_in_place(ctx: Context, run: Mapping[str, Any]) -> float | None
     _log(run, "cancel-requested", attempt=current_attempt(status))
     return await _finish(ctx, run, current_attempt(status), Outcome(
         Phase.CANCELLED, Reason.CANCEL_REQUESTED, message))
+
+
+async def _cancel_waiting(ctx: Context, run: Mapping[str, Any], message: str) -> float | None:
+    """A run that waits for an approval is cancelled: its attempt ended already (no pod
+    runs), so the call it waits for is denied (a later approval finds it decided, and it
+    never runs), the run row in the store is closed Cancelled, and the status says so."""
+    meta, status = run["metadata"], run.get("status") or {}
+    attempt = current_attempt(status)
+    waiting = await store.pending_approval(ctx.engine, meta["uid"], attempt)
+    if waiting is not None:
+        await store.decide(ctx.engine, meta["uid"], waiting.call_id, ApprovalDecision.DENY,
+                           "cancel", "the run was cancelled while it waited", None)
+    tools = status.get("toolsExecuted")
+    if tools is None:
+        tools = await store.tools_executed(ctx.engine, meta["uid"], attempt)
+    message += " It was waiting for an approval, which it no longer needs: the call never ran."
+    await store.close_run(ctx.engine, meta["uid"], attempt, RunStatus.CANCELLED,
+                          Reason.CANCEL_REQUESTED, message)
+    settled = st.settled_status(Phase.CANCELLED, Reason.CANCEL_REQUESTED, message, tools,
+                                now(), status, attempts=attempt, pendingApproval=None,
+                                **await _published_ledger(ctx, run, tools),
+                                **await _outcome(ctx, run))
+    settled["conditions"] = [
+        *[c for c in settled["conditions"] if c.get("type") != st.Condition.APPROVAL_PENDING],
+        st.approval_condition(False, Reason.CANCEL_REQUESTED, message, now(), status)]
+    await _write(ctx, run, settled)
+    events.post(run, Reason.CANCEL_REQUESTED, message, warning=True)
+    _log(run, "settled", attempt=attempt, phase=Phase.CANCELLED,
+         reason=Reason.CANCEL_REQUESTED, tools=tools)
+    return 0
 
 
 # -- workers ------------------------------------------------------------------------------------

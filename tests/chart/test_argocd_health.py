@@ -95,7 +95,7 @@ PHASES = {
         "approved": ("Healthy", kstatus.CURRENT),
         "refused": ("Degraded", kstatus.FAILED),
     },
-    "AgentRunSchedule": {
+    "agentrun.dev/AgentRunSchedule": {
         "created": ("Progressing", kstatus.CURRENT),
         "unobserved": ("Progressing", kstatus.IN_PROGRESS),
         "scheduled": ("Healthy", kstatus.CURRENT),

@@ -87,7 +87,7 @@ def _leaves(values: dict[str, Any], prefix: str = "") -> set[str]:
     out = set()
     for key, value in values.items():
         path = f"{prefix}{key}"
-        if isinstance(value, dict) and key != "resources":
+        if isinstance(value, dict) and value and key != "resources":  # {}: a map value
             out |= _leaves(value, path + ".")
         else:
             out.add(path)

@@ -68,6 +68,9 @@ def test_kubectl_get_ar_prints_the_run_columns(crds: Kubectl, namespace: str) ->
         "USER",
         "REPLAY-OF",
         "MESSAGE",
+        "RESULT",
+        "TOKENS-IN",
+        "TOKENS-OUT",
     ]
 
 

@@ -290,9 +290,9 @@ CASES = [
         '.spec.tools: duplicate entries for key [name="send_email"]',
     ),
     Case(
-        "tool without effect",
+        "tool without effect or approval",
         run_manifest("r", tools=[{"name": "send_email"}]),
-        "spec.tools[0].effect: Required value",
+        "each entry of spec.tools says an effect, an approval, or both",
     ),
     Case(
         "too many tools",

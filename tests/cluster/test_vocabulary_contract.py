@@ -128,7 +128,7 @@ def test_every_policy_is_bound() -> None:
         if d["kind"] == "ValidatingAdmissionPolicyBinding"
     }
     assert policies == {"agentrun-force-replay", "agentrun-replay-of", "agentrun-run-references",
-                        "agentrun-replay-requester"}
+                        "agentrun-replay-requester", "agentrun-approver"}
     assert bindings == {p: ["Deny"] for p in policies}
     mutating = {d["metadata"]["name"] for d in _docs() if d["kind"] == "MutatingAdmissionPolicy"}
     mutating_bound = {d["spec"]["policyName"] for d in _docs()

@@ -273,3 +273,26 @@ def test_an_approved_call_evicted_in_doubt_follows_the_resume_rules(
     assert (resumable["status"], resumable["reason"]) == ("False",
                                                           ReplayReason.TOOL_CALL_IN_DOUBT)
     assert len(charges(system, "doubtful")) == 1
+
+
+def test_a_waiting_run_cancelled_in_place_never_makes_its_call(
+        system: System, people: str) -> None:
+    ns = people
+    system.apply(in_namespace(agent_run("abandoned", SCRIPT, tools=REQUIRED), ns))
+    pending = waiting(system, ns, "abandoned")["status"]["pendingApproval"]
+    system.kubectl("annotate", "agentrun", "abandoned", "-n", ns, "agentrun.dev/cancel=true")
+    status = settled_or_cancelled(system, ns, "abandoned")
+    assert (status["phase"], status["reason"]) == (Phase.CANCELLED, "CancelRequested")
+    assert status["toolsExecuted"] == ["read_message"]
+    assert "the call never ran" in status["message"]
+    late = create_as(system, "ann", approval(ns, "abandoned-call-2", "abandoned", pending,
+                                             "ann"))
+    assert late.returncode == 0, late.stderr
+    assert verdict(system, ns, "abandoned-call-2")["reason"] == ApprovalReason.ALREADY_DECIDED
+    assert charges(system, "abandoned") == []
+    assert system.run(ns, "abandoned")["status"]["phase"] == Phase.CANCELLED
+
+
+def settled_or_cancelled(system: System, namespace: str, name: str) -> dict[str, Any]:
+    return system.wait_run(namespace, name, lambda r: (r.get("status") or {}).get(
+        "phase") in (Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED))["status"]
