@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from agentrun import store
 from agentrun_store_api import limits
 from agentrun_store_api.auth import Caller
-from agentrun_store_api.refusal import Refused
+from agentrun_store_api.refusal import OverQuota, Refused
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class Quotas:
         attempt = await self._read(caller)
         why = over_quota(attempt.used or Usage(), more)
         if why is not None:
-            raise Refused(429, f"attempt {caller.attempt} of run {caller.run_name}: {why}; "
+            raise OverQuota(f"attempt {caller.attempt} of run {caller.run_name}: {why}; "
                                "this request was not stored")
 
     async def _read(self, caller: Caller) -> _Attempt:
@@ -145,7 +145,7 @@ class Quotas:
         assert attempt.used is not None
         why = over_quota(attempt.used, more)
         if why is not None:
-            raise Refused(429, f"attempt {caller.attempt} of run {caller.run_name}: {why}; "
+            raise OverQuota(f"attempt {caller.attempt} of run {caller.run_name}: {why}; "
                                "this request was not stored")
         attempt.used = attempt.used + more
 
