@@ -134,6 +134,8 @@ async def read_body(request: web.Request) -> bytes:
         raise too_large(name, limit, declared)
     if not request.body_exists:
         return b""
+    if declared is not None:  # within the limit: aiohttp reads exactly that much
+        return await request.read()
     chunks: list[bytes] = []
     seen = 0
     async for chunk in request.content.iter_chunked(64 * limits.KiB):
