@@ -8,6 +8,7 @@ import json
 import logging
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ from agentrun.vocabulary import STORE_AUDIENCE
 from agentrun_store_api import limits, metrics
 from agentrun_store_api.auth import Authority, Caller
 from agentrun_store_api.quotas import Quotas
-from agentrun_store_api.refusal import Refused
+from agentrun_store_api.refusal import OverQuota, Refused
 from agentrun_store_api.routes import ROUTES, Route, Routes, too_large
 from agentrun_store_api.tls import ServingCertificate
 
@@ -60,7 +61,31 @@ def _answer(status: int, body: Any) -> web.Response:
     return web.json_response(body, status=status, dumps=_dumps)
 
 
+class RefusalLog:
+    """Refusals as log lines: at most one a second for the same run, route and status
+    (a flood's refusals would otherwise be a flood of lines, written by the store API's
+    one loop); the next line says how many were left out (`unlogged=`)."""
+
+    def __init__(self) -> None:
+        self._last: OrderedDict[tuple[str, str, int], tuple[float, int]] = OrderedDict()
+
+    def __call__(self, route: Route, refusal: Refused, caller: Caller | None) -> None:
+        key = (_run_of(caller), route.name, refusal.status)
+        now = time.monotonic()
+        last, unlogged = self._last.get(key, (0.0, 0))
+        if now - last < 1.0:
+            self._last[key] = (last, unlogged + 1)
+            return
+        log.info("event=refused route=%s status=%s run=%s message=%r unlogged=%s", route.name,
+                 refusal.status, key[0], refusal.message, unlogged)
+        self._last[key] = (now, 0)
+        self._last.move_to_end(key)
+        while len(self._last) > limits.CACHE_ENTRIES:
+            self._last.popitem(last=False)
+
+
 def _serving(route: Route, authority: Authority, quotas: Quotas, readiness: Readiness,
+             said: RefusalLog,
              handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """`handler` behind its body limit, the store's readiness, authentication, and the
     attempt's turn at the store; every answer it gives a runner is ours to word."""
@@ -78,18 +103,22 @@ def _serving(route: Route, authority: Authority, quotas: Quotas, readiness: Read
                 raise Refused(503, readiness.why or "the run store is not ready")
             caller = await authority.caller(request)
             async with quotas.turn(caller):
-                if route.takes is not None:
-                    await quotas.check(caller, route.takes)
-                if not route.fenced:
-                    await authority.check_live(caller)
-                result = await handler(request, caller)
+                try:
+                    if route.takes is not None:
+                        await quotas.check(caller, route.takes)
+                    if not route.fenced:
+                        await authority.check_live(caller)
+                    result = await handler(request, caller)
+                except OverQuota:
+                    await asyncio.sleep(limits.OVER_QUOTA_PAUSE_SECONDS)
+                    raise
             response = _answer(200, {} if result is None else result)
         except store.AttemptSettled as e:  # a fenced write found the attempt settled
             assert caller is not None
             quotas.forget(caller)
-            response = _refused(route, authority.settled(caller, e.status), caller)
+            response = _refused(route, authority.settled(caller, e.status), caller, said)
         except Refused as e:
-            response = _refused(route, e, caller)
+            response = _refused(route, e, caller, said)
         except Exception as e:  # the store may be down: say so, the runner decides
             # The runner is told which route and a reference, never the error itself: it
             # may hold SQL, parameters or the database's host. The log has it all.
@@ -111,10 +140,10 @@ def _serving(route: Route, authority: Authority, quotas: Quotas, readiness: Read
     return serve
 
 
-def _refused(route: Route, refusal: Refused, caller: Caller | None) -> web.Response:
+def _refused(route: Route, refusal: Refused, caller: Caller | None,
+             said: RefusalLog) -> web.Response:
     metrics.REFUSALS.labels(route.name, str(refusal.status)).inc()
-    log.info("event=refused route=%s status=%s run=%s message=%r", route.name,
-             refusal.status, _run_of(caller), refusal.message)
+    said(route, refusal, caller)
     return _answer(refusal.status, {"error": refusal.message})
 
 
@@ -132,6 +161,7 @@ def application(authority: Authority, routes: Routes,
     and its two probes."""
     app = web.Application(client_max_size=limits.MAX_BODY)
     ready = readiness or Readiness()
+    said = RefusalLog()
 
     async def healthz(_: web.Request) -> web.Response:
         if not ready.ready:
@@ -147,7 +177,7 @@ def application(authority: Authority, routes: Routes,
     app.router.add_get("/livez", livez)
     for route in ROUTES:
         app.router.add_route(route.method, route.path, _serving(
-            route, authority, routes.quotas, ready, getattr(routes, route.name)),
+            route, authority, routes.quotas, ready, said, getattr(routes, route.name)),
             name=route.name)
     return app
 

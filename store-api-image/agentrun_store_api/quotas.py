@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, fields
@@ -21,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from agentrun import store
 from agentrun_store_api import limits
 from agentrun_store_api.auth import Caller
-from agentrun_store_api.refusal import Refused
+from agentrun_store_api.refusal import OverQuota, Refused
 
 
 @dataclass(frozen=True)
@@ -70,14 +71,45 @@ def _amount(value: int, in_bytes: bool) -> str:
     return limits.shown(value) if in_bytes else f"{value:,}"
 
 
+class Spent:
+    """Seconds spent serving, decayed by half every `limits.SHARE_HALF_LIFE_SECONDS`."""
+
+    def __init__(self) -> None:
+        self._seconds = 0.0
+        self._at = time.monotonic()
+
+    def at(self, now: float) -> float:
+        self._seconds *= 0.5 ** ((now - self._at) / limits.SHARE_HALF_LIFE_SECONDS)
+        self._at = now
+        return self._seconds
+
+    def add(self, seconds: float, now: float) -> None:
+        self._seconds = self.at(now) + seconds
+
+
+def fair_pause(mine: float, everyone: float, others_here: bool) -> float:
+    """How long an attempt waits before its next request: nothing unless other attempts'
+    requests are here now (served or waiting) and its part of the store API's recent time
+    (`mine` of `everyone`) is over limits.FAIR_SHARE; then up to limits.FAIR_PAUSE_SECONDS,
+    the more the larger its part."""
+    if not others_here or everyone <= 0:
+        return 0.0
+    share = mine / everyone
+    if share <= limits.FAIR_SHARE:
+        return 0.0
+    return limits.FAIR_PAUSE_SECONDS * min(1.0, (share - limits.FAIR_SHARE)
+                                           / (1 - limits.FAIR_SHARE))
+
+
 class _Attempt:
-    """One attempt's counts and its turn at the store."""
+    """One attempt's counts, its turn at the store and the time it took there."""
 
     def __init__(self) -> None:
         self.used: Usage | None = None  # None: not read from the store yet
         self.reading = asyncio.Lock()
         self.turn = asyncio.Semaphore(limits.IN_FLIGHT_PER_ATTEMPT)
         self.waiting = 0
+        self.spent = Spent()
 
 
 class Quotas:
@@ -86,6 +118,9 @@ class Quotas:
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
         self._attempts: OrderedDict[tuple[str, int], _Attempt] = OrderedDict()
+        self._spent = Spent()  # everyone's
+        # The attempts with requests here now (in the store or waiting), and how many.
+        self._here: dict[tuple[str, int], int] = {}
 
     def _of(self, caller: Caller) -> _Attempt:
         key = (caller.run_uid, caller.attempt)
@@ -108,15 +143,33 @@ class Quotas:
                                f"{limits.IN_FLIGHT_PER_ATTEMPT} requests in the store and "
                                f"{attempt.waiting} waiting, the most one attempt may: send "
                                "fewer at once")
-        attempt.waiting += 1
+        key = (caller.run_uid, caller.attempt)
+        self._here[key] = self._here.get(key, 0) + 1
         try:
-            await attempt.turn.acquire()
+            attempt.waiting += 1
+            try:
+                await attempt.turn.acquire()
+            finally:
+                attempt.waiting -= 1
+            try:
+                now = time.monotonic()
+                pause = fair_pause(attempt.spent.at(now), self._spent.at(now),
+                                   len(self._here) > 1)
+                if pause:
+                    await asyncio.sleep(pause)
+                started = time.monotonic()
+                try:
+                    yield
+                finally:
+                    done = time.monotonic()
+                    attempt.spent.add(done - started, done)
+                    self._spent.add(done - started, done)
+            finally:
+                attempt.turn.release()
         finally:
-            attempt.waiting -= 1
-        try:
-            yield
-        finally:
-            attempt.turn.release()
+            self._here[key] -= 1
+            if not self._here[key]:
+                del self._here[key]
 
     async def check(self, caller: Caller, more: Usage) -> None:
         """Refuses (429) what would exceed a quota, counting nothing: before the work of
@@ -124,7 +177,7 @@ class Quotas:
         attempt = await self._read(caller)
         why = over_quota(attempt.used or Usage(), more)
         if why is not None:
-            raise Refused(429, f"attempt {caller.attempt} of run {caller.run_name}: {why}; "
+            raise OverQuota(f"attempt {caller.attempt} of run {caller.run_name}: {why}; "
                                "this request was not stored")
 
     async def _read(self, caller: Caller) -> _Attempt:
@@ -145,7 +198,7 @@ class Quotas:
         assert attempt.used is not None
         why = over_quota(attempt.used, more)
         if why is not None:
-            raise Refused(429, f"attempt {caller.attempt} of run {caller.run_name}: {why}; "
+            raise OverQuota(f"attempt {caller.attempt} of run {caller.run_name}: {why}; "
                                "this request was not stored")
         attempt.used = attempt.used + more
 

@@ -10,3 +10,10 @@ class Refused(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+class OverQuota(Refused):
+    """429: the attempt has written all a quota allows (asking again will not help)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(429, message)

@@ -36,7 +36,7 @@ from agentrun.vocabulary import (
 from agentrun_store_api import limits, metrics
 from agentrun_store_api.auth import Caller
 from agentrun_store_api.quotas import Quotas, Usage
-from agentrun_store_api.refusal import Refused
+from agentrun_store_api.refusal import OverQuota, Refused
 
 
 @dataclass(frozen=True)
@@ -139,6 +139,8 @@ async def read_body(request: web.Request) -> bytes:
         raise too_large(name, limit, declared)
     if not request.body_exists:
         return b""
+    if declared is not None:  # within the limit: aiohttp reads exactly that much
+        return await request.read()
     chunks: list[bytes] = []
     seen = 0
     async for chunk in request.content.iter_chunked(64 * limits.KiB):
@@ -433,7 +435,7 @@ class Routes:
             raise Refused(400, "a call's seq counts from 1")
         # The runner numbers its calls from 1: bounding seq bounds the rows, uncounted.
         if seq > limits.LEDGER_ROWS_PER_ATTEMPT:
-            raise Refused(429, f"call {seq} of attempt {caller.attempt} of run "
+            raise OverQuota(f"call {seq} of attempt {caller.attempt} of run "
                                f"{caller.run_name}: one attempt may record at most "
                                f"{limits.LEDGER_ROWS_PER_ATTEMPT:,} tool calls; the tool was "
                                "not recorded, so it must not run")

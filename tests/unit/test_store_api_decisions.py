@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from agentrun_store_api import limits
 from agentrun_store_api.auth import review_refusal
-from agentrun_store_api.quotas import Usage, over_quota
+from agentrun_store_api.quotas import Usage, fair_pause, over_quota
 from agentrun_store_api.routes import ROUTES, refusal_of_journal_close, refusal_of_outcome
 
 from agentrun import store
@@ -130,6 +130,23 @@ def test_which_quota_a_write_would_exceed(used: Usage, more: Usage, said: str | 
         assert got is None
     else:
         assert got is not None and said in got, got
+
+
+@pytest.mark.parametrize(("mine", "everyone", "others", "pause"), [
+    # Alone, an attempt goes as fast as it can.
+    (1.0, 1.0, False, 0.0),
+    # With others, up to its fair share it does not wait...
+    (0.5, 1.0, True, 0.0),
+    (0.1, 1.0, True, 0.0),
+    # ...past it, the more of the time it took, the longer.
+    (0.75, 1.0, True, limits.FAIR_PAUSE_SECONDS / 2),
+    (1.0, 1.0, True, limits.FAIR_PAUSE_SECONDS),
+    # Nothing spent yet by anyone.
+    (0.0, 0.0, True, 0.0),
+])
+def test_a_runner_taking_most_of_the_store_apis_time_waits_its_share(
+        mine: float, everyone: float, others: bool, pause: float) -> None:
+    assert fair_pause(mine, everyone, others) == pytest.approx(pause)
 
 
 def test_a_real_runs_first_event_fits_and_every_route_has_a_body_limit() -> None:
