@@ -257,22 +257,22 @@ def test_an_approved_call_evicted_in_doubt_follows_the_resume_rules(
     ns = people
     script = [{"call": "charge_card", "args": {**CHARGE, "delay_seconds": 60}},
               {"text": "Charged."}]
-    system.apply(in_namespace(agent_run("doubtful", script, tools=REQUIRED,
+    system.apply(in_namespace(agent_run("charge-doubtful", script, tools=REQUIRED,
                                         retry={"maxAttempts": 3, "resume": True}), ns))
-    pending = waiting(system, ns, "doubtful")["status"]["pendingApproval"]
-    done = create_as(system, "ann", approval(ns, "doubtful-call-1", "doubtful", pending,
+    pending = waiting(system, ns, "charge-doubtful")["status"]["pendingApproval"]
+    done = create_as(system, "ann", approval(ns, "charge-doubtful-call-1", "charge-doubtful", pending,
                                              "ann"))
     assert done.returncode == 0, done.stderr
-    system.wait_run(ns, "doubtful", lambda r: len(charges(system, "doubtful")) == 1)
-    system.wait_pod_running(ns, "doubtful-2")
-    system.evict(ns, "doubtful-2")
-    status = settled(system, ns, "doubtful")
+    system.wait_run(ns, "charge-doubtful", lambda r: len(charges(system, "charge-doubtful")) == 1)
+    system.wait_pod_running(ns, "charge-doubtful-2")
+    system.evict(ns, "charge-doubtful-2")
+    status = settled(system, ns, "charge-doubtful")
     assert (status["phase"], status["reason"]) == (Phase.FAILED, Reason.EVICTED)
     assert status["toolsExecuted"] == ["charge_card"]
     resumable = {c["type"]: c for c in status["conditions"]}["Resumable"]
     assert (resumable["status"], resumable["reason"]) == ("False",
                                                           ReplayReason.TOOL_CALL_IN_DOUBT)
-    assert len(charges(system, "doubtful")) == 1
+    assert len(charges(system, "charge-doubtful")) == 1
 
 
 def test_a_waiting_run_cancelled_in_place_never_makes_its_call(

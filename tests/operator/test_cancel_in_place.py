@@ -30,14 +30,14 @@ def test_a_running_run_annotated_cancel_ends_cancelled_and_stays(
         system: System, namespace: str) -> None:
     # send_email records its email, then takes a minute to answer: it acted, and the run
     # is still going when it is cancelled.
-    system.apply(in_namespace(agent_run("mailing", email_then_wait(60)), namespace))
-    uid = system.wait_phase(namespace, "mailing", Phase.RUNNING)["metadata"]["uid"]
+    system.apply(in_namespace(agent_run("cancelled-mail", email_then_wait(60)), namespace))
+    uid = system.wait_phase(namespace, "cancelled-mail", Phase.RUNNING)["metadata"]["uid"]
     system.wait_ledger(uid, "send_email")
 
-    system.kubectl("annotate", "agentrun", "mailing", "-n", namespace,
+    system.kubectl("annotate", "agentrun", "cancelled-mail", "-n", namespace,
                    f"{ANNOTATION_CANCEL}=true",
                    f"{ANNOTATION_CANCEL_NOTE}=the customer called: no email please")
-    run = system.wait_phase(namespace, "mailing", Phase.CANCELLED, Phase.FAILED,
+    run = system.wait_phase(namespace, "cancelled-mail", Phase.CANCELLED, Phase.FAILED,
                             Phase.SUCCEEDED, timeout=60)
 
     status = run["status"]
@@ -50,48 +50,48 @@ def test_a_running_run_annotated_cancel_ends_cancelled_and_stays(
     assert conditions["Succeeded"]["status"] == "False"
     assert conditions["Stalled"]["reason"] == Reason.CANCEL_REQUESTED
     # The pod is stopped, the object stays, and the store holds the same end.
-    wait_for(lambda: _pod_gone(system, namespace, "mailing-1"), timeout=30,
+    wait_for(lambda: _pod_gone(system, namespace, "cancelled-mail-1"), timeout=30,
              what="the runner pod stopped")
-    assert system.run(namespace, "mailing")["status"]["phase"] == Phase.CANCELLED
+    assert system.run(namespace, "cancelled-mail")["status"]["phase"] == Phase.CANCELLED
     recorded = system.store(lambda e: store.get_run(e, uid))
     assert recorded is not None
     assert (recorded.status, recorded.reason) == (RunStatus.CANCELLED, Reason.CANCEL_REQUESTED)
     assert recorded.tools_executed == ["send_email"]
-    assert len(system.emails("mailing")) == 1
+    assert len(system.emails("cancelled-mail")) == 1
     events = json.loads(system.kubectl(
-        "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=mailing",
+        "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=cancelled-mail",
         "-o", "json").stdout)["items"]
     assert any(e["reason"] == Reason.CANCEL_REQUESTED and "Tools executed: send_email" in
                e["message"] for e in events), [e["reason"] for e in events]
     # Its replay is refused as for any run that called a tool.
-    create_replay(system, namespace, "mailing-again", "mailing")
-    decided = wait_decided(system, namespace, "mailing-again")
+    create_replay(system, namespace, "cancelled-again", "cancelled-mail")
+    decided = wait_decided(system, namespace, "cancelled-again")
     assert decided["status"]["reason"] == ReplayReason.TOOLS_EXECUTED
     assert "already called send_email before being cancelled" in decided["status"]["message"]
 
 
 def test_kubectl_agentrun_cancel_before_any_tool_then_a_replay_is_approved(
         system: System, namespace: str) -> None:
-    system.apply(in_namespace(agent_run("thinking", [{"sleep": 60}, {"text": "done"}]),
+    system.apply(in_namespace(agent_run("idle-thinking", [{"sleep": 60}, {"text": "done"}]),
                               namespace))
-    system.wait_phase(namespace, "thinking", Phase.RUNNING)
-    system.wait_pod_running(namespace, "thinking-1")
+    system.wait_phase(namespace, "idle-thinking", Phase.RUNNING)
+    system.wait_pod_running(namespace, "idle-thinking-1")
 
-    done = plugin(system, "cancel", "thinking", "-n", namespace, "--note", "not needed")
+    done = plugin(system, "cancel", "idle-thinking", "-n", namespace, "--note", "not needed")
     assert done.returncode == 0, done.stderr
     assert "agentrun/thinking annotated agentrun.dev/cancel=true" in done.stdout
-    run = system.wait_phase(namespace, "thinking", Phase.CANCELLED, Phase.FAILED,
+    run = system.wait_phase(namespace, "idle-thinking", Phase.CANCELLED, Phase.FAILED,
                             Phase.SUCCEEDED, timeout=60)
     assert (run["status"]["reason"], run["status"]["toolsExecuted"]) == (
         Reason.CANCEL_REQUESTED, [])
     assert "not needed" in run["status"]["message"]
-    wait_for(lambda: _pod_gone(system, namespace, "thinking-1"), timeout=30,
+    wait_for(lambda: _pod_gone(system, namespace, "idle-thinking-1"), timeout=30,
              what="the runner pod stopped")
-    again = plugin(system, "cancel", "thinking", "-n", namespace)
+    again = plugin(system, "cancel", "idle-thinking", "-n", namespace)
     assert "already Cancelled; nothing to cancel" in again.stdout
 
-    create_replay(system, namespace, "thinking-again", "thinking")
-    assert wait_decided(system, namespace, "thinking-again")["status"]["reason"] == \
+    create_replay(system, namespace, "idle-thinking-again", "idle-thinking")
+    assert wait_decided(system, namespace, "idle-thinking-again")["status"]["reason"] == \
         ReplayReason.NO_TOOLS_EXECUTED
 
 
