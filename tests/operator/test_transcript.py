@@ -398,3 +398,29 @@ def test_only_the_api_servers_front_proxy_is_served(
                          as_alice)
     assert code == 200 and said["result"]["text"] == "Hello."
     assert [e["kind"] for e in said["entries"]] == [EntryKind.INPUT, EntryKind.TEXT]
+
+
+def test_a_follower_goes_on_past_the_api_servers_request_timeout(
+        transcripts: System, tenants: tuple[str, str], users: dict[str, Path]) -> None:
+    """The API server cuts any GET that is not a watch at its --request-timeout (60 s): a
+    stream ends before that (FOLLOW_SECONDS) while the run thinks on, and the plugin asks
+    again, printing each entry once."""
+    from agentrun_store_api.transcripts import FOLLOW_SECONDS
+
+    ns, _ = tenants
+    script = [{"call": "read_message", "args": {}}, {"sleep": FOLLOW_SECONDS + 8},
+              {"text": "Thought it over."}]
+    transcripts.apply(in_namespace(agent_run("pensive", script), ns))
+    transcripts.wait_phase(ns, "pensive", Phase.RUNNING)
+    plugin = subprocess.Popen(
+        [str(transcripts.plane.bin / "kubectl"), "agentrun", "transcript", "pensive", "-n", ns,
+         "-f"], stdout=subprocess.PIPE, text=True, env=user_env(users["alice"]))
+    first = _follow(transcripts, users["alice"], ns, "pensive")
+    assert transcripts.run(ns, "pensive")["status"]["phase"] == Phase.RUNNING, \
+        "the first stream should have ended at its window, the run still thinking"
+    assert [e["kind"] for _, e in first][:3] == ["input", "toolCall", "toolResult"]
+    settled(transcripts, ns, "pensive")
+    out, _ = plugin.communicate(timeout=60)
+    assert plugin.returncode == 0, out
+    assert out.count("calls read_message (call 1)") == 1, out
+    assert "support_agent: Thought it over." in out
