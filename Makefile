@@ -153,7 +153,7 @@ comma := ,
 BENCH_OUT := $(if $(BENCH_QUICK),--out -)
 
 .PHONY: bench
-bench: venv controlplane ## benchmarks: ledger cost; a tenant's ledger writes while another floods the store API; eviction latency idle and under load, throughput beside the Job controller; the operator at rest at scale; resume
+bench: venv controlplane ## benchmarks: ledger cost; a tenant's ledger writes while another floods the store API; eviction latency idle and under load, throughput beside the Job controller; the operator at rest at scale; resume; the transcript API's latency
 	$(PY) bench/ledger.py
 	$(PY) bench/store_flood.py $(BENCH_OUT)
 	$(PY) bench/eviction.py --trials $(BENCH_TRIALS) $(BENCH_OUT)
@@ -161,6 +161,7 @@ bench: venv controlplane ## benchmarks: ledger cost; a tenant's ledger writes wh
 	$(PY) bench/throughput.py --n $(BENCH_N) $(BENCH_OUT)
 	$(PY) bench/scale.py --levels $(BENCH_LEVELS) $(BENCH_OUT)
 	$(PY) bench/resume.py --trials $(if $(BENCH_QUICK),5,20) $(BENCH_OUT)
+	$(PY) bench/transcript.py --trials $(if $(BENCH_QUICK),10,50) $(BENCH_OUT)
 
 # Eviction latency on the real node (root; the cluster make test-e2e installs), beside the
 # Job controller: bench/results/eviction-realnode-<date>.txt.
