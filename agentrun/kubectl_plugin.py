@@ -526,8 +526,10 @@ class Conversation:
         self.attempt = 0
 
     def add(self, entry: dict[str, Any]) -> None:
+        # What names an entry while it changes: a call's seq and state may come later
+        # (its ledger row is written after the model's call reached the session).
         key = (entry.get("attempt"), entry.get("kind"), entry.get("time"),
-               entry.get("author"), entry.get("tool"), entry.get("seq"))
+               entry.get("author"), entry.get("tool"))
         before = self.seen.get(key)
         if before == entry:
             return

@@ -1,6 +1,6 @@
-"""The facts of a run's transcript, read in one go: its attempts, the ADK session events of
-each attempt's turn (ADK's own table, by column name), its ledger, its approvals, its
-answer and its usage. agentrun.transcript turns them into the conversation."""
+"""The facts of a run's transcript: its attempts, the ADK session events of each attempt's
+turn (ADK's own table, by column name), its ledger, its approvals, its answer and its usage.
+agentrun.transcript turns them into the conversation."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from agentrun.ledger import LedgerEntry
 from agentrun.store import adk_tables as adk
-from agentrun.store.approvals import _approval
-from agentrun.store.outcome import Result, run_usage
-from agentrun.store.schema import approvals, attempts, results, runs, tool_calls
+from agentrun.store.approvals import approvals_of
+from agentrun.store.ledger import ledger
+from agentrun.store.outcome import get_result, run_usage
+from agentrun.store.schema import attempts, runs
 from agentrun.transcript import AttemptFacts, TranscriptFacts
 
 
@@ -43,21 +43,7 @@ async def transcript_facts(engine: AsyncEngine, uid: str) -> TranscriptFacts | N
                        adk.events.c.invocation_id == invocation)
                 .order_by(adk.events.c.timestamp, adk.events.c.id))
             events[turn] = [r.event_data for r in rows if isinstance(r.event_data, Mapping)]
-        ledger = [LedgerEntry(
-            attempt=r.attempt, seq=r.seq, tool=r.tool, call_id=r.call_id,
-            args_digest=r.args_digest, started_at=r.started_at, finished_at=r.finished_at,
-            outcome=r.outcome, effect=r.effect, idempotency_key=r.idempotency_key,
-            result=r.result,
-        ) for r in await conn.execute(
-            select(tool_calls).where(tool_calls.c.run_uid == uid)
-            .order_by(tool_calls.c.attempt, tool_calls.c.seq))]
-        waited = [_approval(r) for r in await conn.execute(
-            select(approvals).where(approvals.c.run_uid == uid)
-            .order_by(approvals.c.attempt, approvals.c.seq))]
-        answer = (await conn.execute(
-            select(results).where(results.c.run_uid == uid)
-            .order_by(results.c.attempt.desc()).limit(1))).one_or_none()
-    result = None if answer is None else Result(answer.attempt, answer.text, answer.json,
-                                                answer.digest, answer.created_at)
-    return TranscriptFacts(attempts=tried, events=events, ledger=ledger, approvals=waited,
-                           result=result, usage=await run_usage(engine, uid))
+    return TranscriptFacts(attempts=tried, events=events, ledger=await ledger(engine, uid),
+                           approvals=await approvals_of(engine, uid),
+                           result=await get_result(engine, uid),
+                           usage=await run_usage(engine, uid))

@@ -83,6 +83,9 @@ class AccessReviews:
         except ApiException as e:
             raise AccessUnknown(f"the Kubernetes API server could not be asked whether "
                                 f"{user.name} may {access.verb} ({e.status} {e.reason})") from e
+        except Exception as e:  # unreachable: nobody is let in on a guess
+            raise AccessUnknown(f"the Kubernetes API server could not be asked whether "
+                                f"{user.name} may {access.verb}; retry") from e
         status = json.loads(done.data).get("status") or {}
         verdict = Verdict(bool(status.get("allowed")) and not status.get("denied"),
                           str(status.get("reason") or ""))

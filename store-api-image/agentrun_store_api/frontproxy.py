@@ -207,6 +207,12 @@ class FrontProxy:
                         "Role extension-apiserver-authentication-reader there")
             log.warning("event=front-proxy-trust-unreadable status=%s", e.status)
             return
+        except Exception as e:  # the API server unreachable: the trust read last holds
+            if self.trust is None:
+                self.why = "the store API could not reach the Kubernetes API server to read " \
+                           "the front-proxy trust yet"
+            log.warning("event=front-proxy-trust-unreadable error=%r", e)
+            return
         data = json.loads(found.data).get("data") or {}
         try:
             trust = FrontProxyTrust.published(data)
