@@ -103,6 +103,8 @@ RUN_DATABASE_URL ?= $(or $(DATABASE_URL),sqlite:///$(LOCAL)/agentrun.db)
 # The store API it serves speaks TLS: the development cluster's pair, in this checkout's
 # .local (make dev-cluster writes it), unless the environment names another.
 RUN_STORE_API_TLS ?= $(LOCAL)/store-api
+# The transcript API, where make dev-cluster registered it (its APIService's endpoint).
+RUN_TRANSCRIPT_API_LISTEN ?= $(shell cat $(RUN_STORE_API_TLS)/transcript-api-listen 2>/dev/null)
 
 .PHONY: run
 run: venv ## run the operator in the foreground against the current kube context
@@ -111,6 +113,7 @@ run: venv ## run the operator in the foreground against the current kube context
 		AGENTRUN_STORE_API_TLS_CERT_FILE=$${AGENTRUN_STORE_API_TLS_CERT_FILE:-$(RUN_STORE_API_TLS)/tls.crt} \
 		AGENTRUN_STORE_API_TLS_KEY_FILE=$${AGENTRUN_STORE_API_TLS_KEY_FILE:-$(RUN_STORE_API_TLS)/tls.key} \
 		AGENTRUN_STORE_API_CA_FILE=$${AGENTRUN_STORE_API_CA_FILE:-$(RUN_STORE_API_TLS)/ca.crt} \
+		AGENTRUN_TRANSCRIPT_API_LISTEN=$${AGENTRUN_TRANSCRIPT_API_LISTEN:-$(RUN_TRANSCRIPT_API_LISTEN)} \
 		$(VENV)/bin/agentrun-operator $(RUN_ARGS)
 
 .PHONY: deploy
