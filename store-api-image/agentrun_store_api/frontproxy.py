@@ -191,6 +191,10 @@ class FrontProxy:
     def serve_on(self, context: ssl.SSLContext) -> None:
         """Asks clients of `context` for a certificate, trusting the front-proxy CA (and
         the CAs published later)."""
+        # The handshake proves the client holds the key of a certificate some trusted CA
+        # issued (the context may trust the system's roots too); whose certificate it is,
+        # proxy_refusal decides on every request. Optional, so that a caller without one
+        # is told why in a Status instead of a failed handshake.
         context.verify_mode = ssl.CERT_OPTIONAL
         self._contexts.append(context)
         self._trust_cas()
