@@ -105,6 +105,8 @@ RUN_DATABASE_URL ?= $(or $(DATABASE_URL),sqlite:///$(LOCAL)/agentrun.db)
 # The store API it serves speaks TLS: the development cluster's pair, in this checkout's
 # .local (make dev-cluster writes it), unless the environment names another.
 RUN_STORE_API_TLS ?= $(LOCAL)/store-api
+# The transcript API, where make dev-cluster registered it (its APIService's endpoint).
+RUN_TRANSCRIPT_API_LISTEN ?= $(shell cat $(RUN_STORE_API_TLS)/transcript-api-listen 2>/dev/null)
 
 .PHONY: run
 run: venv ## run the operator in the foreground against the current kube context
@@ -113,6 +115,7 @@ run: venv ## run the operator in the foreground against the current kube context
 		AGENTRUN_STORE_API_TLS_CERT_FILE=$${AGENTRUN_STORE_API_TLS_CERT_FILE:-$(RUN_STORE_API_TLS)/tls.crt} \
 		AGENTRUN_STORE_API_TLS_KEY_FILE=$${AGENTRUN_STORE_API_TLS_KEY_FILE:-$(RUN_STORE_API_TLS)/tls.key} \
 		AGENTRUN_STORE_API_CA_FILE=$${AGENTRUN_STORE_API_CA_FILE:-$(RUN_STORE_API_TLS)/ca.crt} \
+		AGENTRUN_TRANSCRIPT_API_LISTEN=$${AGENTRUN_TRANSCRIPT_API_LISTEN:-$(RUN_TRANSCRIPT_API_LISTEN)} \
 		$(VENV)/bin/agentrun-operator $(RUN_ARGS)
 
 .PHONY: deploy
@@ -155,7 +158,7 @@ comma := ,
 BENCH_OUT := $(if $(BENCH_QUICK),--out -)
 
 .PHONY: bench
-bench: venv controlplane ## benchmarks: ledger cost; a tenant's ledger writes while another floods the store API; eviction latency idle and under load, throughput beside the Job controller; the operator at rest at scale; resume; status writes of live usage and approval latency; schedules
+bench: venv controlplane ## benchmarks: ledger cost; a tenant's ledger writes while another floods the store API; eviction latency idle and under load, throughput beside the Job controller; the operator at rest at scale; resume; status writes of live usage and approval latency; schedules; the transcript API's latency
 	$(PY) bench/ledger.py
 	$(PY) bench/store_flood.py $(BENCH_OUT)
 	$(PY) bench/eviction.py --trials $(BENCH_TRIALS) $(BENCH_OUT)
@@ -165,6 +168,7 @@ bench: venv controlplane ## benchmarks: ledger cost; a tenant's ledger writes wh
 	$(PY) bench/resume.py --trials $(if $(BENCH_QUICK),5,20) $(BENCH_OUT)
 	$(PY) bench/outcome.py --runs $(if $(BENCH_QUICK),3,10) --approvals $(if $(BENCH_QUICK),5,20) $(BENCH_OUT)
 	$(PY) bench/schedule.py --schedules $(if $(BENCH_QUICK),100,1000) --minutes $(if $(BENCH_QUICK),2,4) $(BENCH_OUT)
+	$(PY) bench/transcript.py --trials $(if $(BENCH_QUICK),10,50) $(BENCH_OUT)
 
 # Eviction latency on the real node (root; the cluster make test-e2e installs), beside the
 # Job controller: bench/results/eviction-realnode-<date>.txt.

@@ -7,13 +7,17 @@ cancel a run in place; start a schedule's run now.
     kubectl agentrun why REPLAY
     kubectl agentrun cancel RUN [--note TEXT]
     kubectl agentrun schedule trigger SCHEDULE
+    kubectl agentrun result RUN [-o json]
+    kubectl agentrun transcript RUN [-f]
 
 Installed as the console script `kubectl-agentrun`; kubectl finds it on PATH. It talks to
 the cluster as kubectl does (KUBECONFIG / --kubeconfig, --context, or in-cluster), in the
 namespace given by -n/--namespace or else the context's. `tools` shows the ledger the
 operator publishes on a settled run (status.toolCalls): no database credential is
 needed. With DATABASE_URL (or --database-url) it reads the run store instead, which also
-shows the calls of a run still going.
+shows the calls of a run still going. `result` and `transcript` read the run's Transcript
+through the API server (the aggregated API store.agentrun.dev, which the store API serves):
+the user's own kubeconfig and RBAC (agentrun-view) are all they need.
 
 Exit codes: 0 done (replay approved); 1 refused (by the operator or by the API server);
 2 usage or connection errors, or no decision in time.
@@ -51,10 +55,16 @@ from agentrun.vocabulary import (
     REPLAY_PLURAL,
     RUN_PLURAL,
     SCHEDULE_PLURAL,
+    TRANSCRIPT_AUTHOR,
+    TRANSCRIPT_GROUP,
+    TRANSCRIPT_PLURAL,
+    TRANSCRIPT_VERSION,
     VERSION,
     ApprovalDecision,
     ApprovalPhase,
     ConcurrencyPolicy,
+    EntryKind,
+    EntryState,
     LedgerOutcome,
     Phase,
     ReplayPhase,
@@ -145,6 +155,44 @@ class Cluster:
         except ApiException as e:
             raise Failure(api_message(e)) from e
         return str(done.status.user_info.username)
+
+    def transcript_path(self, run: str) -> str:
+        return (f"/apis/{TRANSCRIPT_GROUP}/{TRANSCRIPT_VERSION}/namespaces/{self.namespace}/"
+                f"{TRANSCRIPT_PLURAL}/{run}")
+
+    def transcript(self, run: str) -> dict[str, Any]:
+        """The run's Transcript, through the API server as the current user."""
+        response = self._call(self.transcript_path(run), [])
+        try:
+            body: dict[str, Any] = json.loads(response.read() or b"{}")
+        finally:
+            response.response.release_conn()
+        return body
+
+    def follow(self, run: str) -> Any:
+        """The streamed entries of a live run (`?follow=true`): a response to read by line."""
+        return self._call(self.transcript_path(run), [("follow", "true")], stream=True)
+
+    def _call(self, path: str, query: list[tuple[str, str]], *, stream: bool = False) -> Any:
+        api = client.ApiClient()
+        serialized = api.param_serialize(
+            method="GET", resource_path=path, query_params=query,
+            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
+        try:
+            # Connect in 10 s; a followed stream may be quiet as long as its run thinks.
+            response = api.call_api(*serialized, _request_timeout=(10, None if stream else 60))
+        except (ApiException, OSError) as e:
+            raise Failure(f"cannot reach the Kubernetes API server: {e}") from e
+        if response.status != 200:
+            body = response.read()
+            try:
+                message = json.loads(body).get("message")
+            except ValueError:
+                message = None
+            code = REFUSED if response.status in (403, 404) else ERROR
+            raise Failure(f"Error from server ({response.reason}): "
+                          f"{message or body.decode(errors='replace')}", code)
+        return response
 
     def annotate_replay(self, name: str, annotations: dict[str, str]) -> None:
         self.annotate(REPLAY_PLURAL, name, annotations)
@@ -437,6 +485,157 @@ def _stamp(value: Any) -> str:
     return value.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z" if value else "-"
 
 
+# -- result and transcript --------------------------------------------------------------------
+
+
+def result(cluster: Cluster, run: str, output: str | None) -> int:
+    """The run's whole answer (status.result has its first 4,096 bytes); with -o json, the
+    object of its output schema."""
+    found = cluster.transcript(run)
+    answer = found.get("result")
+    phase = (found.get("run") or {}).get("phase") or Phase.PENDING
+    if not answer:
+        raise Failure(f"AgentRun {run} has no answer{'' if phase in Phase.TERMINAL else ' yet'}"
+                      f" ({phase})", REFUSED)
+    if output == "json":
+        if "json" not in answer:
+            raise Failure(f"AgentRun {run}'s answer is not an object of an output schema (its "
+                          "agent declares none, or the answer did not parse); without -o json "
+                          "it is printed as text", REFUSED)
+        print(json.dumps(answer["json"], indent=2, ensure_ascii=False))
+        return OK
+    print(answer["text"])
+    return OK
+
+
+def transcript(cluster: Cluster, run: str, *, follow: bool) -> int:
+    """The run's conversation, readable; with `follow`, as it goes, until it settles."""
+    if not follow:
+        found = cluster.transcript(run)
+        print(headline(run, found))
+        shown = Conversation()
+        for entry in found.get("entries") or []:
+            shown.add(entry)
+        print(ending(found))
+        return OK
+    shown = Conversation()
+    print(f"AgentRun {run}: following its transcript until it settles (Ctrl-C to stop)")
+    while True:
+        stream = cluster.follow(run)
+        try:
+            for line in stream.response:
+                if line.strip():
+                    shown.add(json.loads(line))
+        except (OSError, ValueError) as e:  # cut: the API server's timeout, or the network
+            print(f"  (the stream was cut: {type(e).__name__}; following again)",
+                  file=sys.stderr)
+        finally:
+            stream.response.release_conn()
+        # A stream ends when its run settles, or after a while (the API server's request
+        # timeout is the bound): which, the Transcript says.
+        found = cluster.transcript(run)
+        for entry in found.get("entries") or []:
+            shown.add(entry)
+        if (found.get("run") or {}).get("phase") in Phase.TERMINAL:
+            print(ending(found))
+            return OK
+
+
+def headline(run: str, found: dict[str, Any]) -> str:
+    said = found.get("run") or {}
+    usage = found.get("usage") or {}
+    tokens = (usage.get("inputTokens") or 0) + (usage.get("outputTokens") or 0)
+    return (f"AgentRun {run}: {said.get('phase') or Phase.PENDING}, "
+            f"{_count(usage.get('modelCalls', 0), 'model call')}, "
+            f"{_count(usage.get('toolCalls', 0), 'tool call')}, {_count(tokens, 'token')}")
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n:,} {thing}{'' if n == 1 else 's'}"
+
+
+def ending(found: dict[str, Any]) -> str:
+    said = found.get("run") or {}
+    name, phase = said.get("name"), said.get("phase") or Phase.PENDING
+    if phase not in Phase.TERMINAL:
+        return f"{name} is {phase}: kubectl agentrun transcript {name} -f follows it"
+    if found.get("result"):
+        return f"{name} {phase}; its whole answer: kubectl agentrun result {name}"
+    return f"{name} {phase}, with no answer"
+
+
+class Conversation:
+    """Prints entries as a conversation, each once (an entry sent again with a new state
+    prints only what changed), with a line for each new attempt."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self.attempt = 0
+
+    def add(self, entry: dict[str, Any]) -> None:
+        # What names an entry while it changes: a call's seq and state may come later
+        # (its ledger row is written after the model's call reached the session).
+        key = (entry.get("attempt"), entry.get("kind"), entry.get("time"),
+               entry.get("author"), entry.get("tool"))
+        before = self.seen.get(key)
+        if before == entry:
+            return
+        self.seen[key] = entry
+        if before is not None:
+            if entry.get("state") != before.get("state"):
+                print(f"           {mark(entry) or 'state: ' + str(entry.get('state'))}")
+            return
+        if entry.get("attempt") != self.attempt:
+            self.attempt = int(entry.get("attempt") or 0)
+            print(f"--- attempt {self.attempt} ---")
+        print(said(entry))
+
+
+def _json(value: Any) -> str:
+    # Sorted: a store keeps an object's keys in its own order (Postgres JSONB sorts them).
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(", ", ": "))
+
+
+def mark(entry: dict[str, Any]) -> str:
+    """What a call's state means, in words (none while it runs)."""
+    state = entry.get("state")
+    if state == EntryState.IN_DOUBT:
+        return ("[IN DOUBT: called, its end never recorded; it may or may not have "
+                "happened]")
+    if state == EntryState.DENIED:
+        return "[denied]"
+    if state == EntryState.ANSWERED and entry.get("kind") == EntryKind.TOOL_RESULT:
+        return "[answered from the journal: not run again]"
+    return ""
+
+
+def said(entry: dict[str, Any]) -> str:
+    """One entry as a line of the conversation."""
+    at = str(entry.get("time") or "")[11:19]
+    who, kind, tool = entry.get("author") or "", entry.get("kind"), entry.get("tool")
+    call = f" (call {entry['seq']})" if entry.get("seq") is not None else ""
+    tail = f"  {mark(entry)}" if mark(entry) else ""
+    if kind in (EntryKind.INPUT, EntryKind.TEXT):
+        line = f"{who}: {entry.get('text', '')}"
+    elif kind == EntryKind.TOOL_CALL:
+        line = f"{who} calls {tool}{call} {_json(entry.get('args') or {})}"
+    elif kind == EntryKind.TOOL_RESULT:
+        line = f"{tool}{call} returned {_json(entry.get('result'))}"
+    elif kind == EntryKind.APPROVAL and who == TRANSCRIPT_AUTHOR:
+        until = (entry.get("result") or {}).get("expiresAt", "")
+        line = f"{tool}{call} waits for an approval of {_json(entry.get('args'))} until {until}"
+    elif kind == EntryKind.APPROVAL:
+        decided = entry.get("result") or {}
+        verb = "denied" if decided.get("decision") == ApprovalDecision.DENY else "approved"
+        note = f": {decided['note']}" if decided.get("note") else ""
+        line = f"{who} {verb} {tool}{call}{note}"
+        tail = ""
+    else:
+        reason = (entry.get("result") or {}).get("reason")
+        line = f"error{f' ({reason})' if reason else ''}: {entry.get('text', '')}"
+    return f"  {at} {line}{tail}"
+
+
 # -- why --------------------------------------------------------------------------------------
 
 
@@ -565,6 +764,17 @@ def parser() -> argparse.ArgumentParser:
         "trigger", parents=[common],
         help="start a run of the schedule now (named like a slot, with its labels and owner)")
     g.add_argument("schedule")
+    o = sub.add_parser("result", parents=[common],
+                       help="the whole answer of an AgentRun (its Transcript's result)")
+    o.add_argument("run")
+    o.add_argument("-o", "--output", choices=["json"],
+                   help="json: the object of the agent's output schema")
+    t = sub.add_parser("transcript", parents=[common],
+                       help="the conversation of an AgentRun: input, the model's text, tool "
+                            "calls with arguments and results, in-doubt calls, approvals")
+    t.add_argument("run")
+    t.add_argument("-f", "--follow", action="store_true",
+                   help="follow a live run until it settles")
     return p
 
 
@@ -585,6 +795,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cancel(cluster, args.run, args.note)
         if args.command == "schedule":
             return trigger(cluster, args.schedule)
+        if args.command == "result":
+            return result(cluster, args.run, args.output)
+        if args.command == "transcript":
+            return transcript(cluster, args.run, follow=args.follow)
         return why(cluster, args.replay)
     except Failure as e:
         print(str(e), file=sys.stderr)

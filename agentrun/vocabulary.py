@@ -22,6 +22,47 @@ APPROVAL_PLURAL: Final = "agentrunapprovals"
 SCHEDULE_KIND: Final = "AgentRunSchedule"
 SCHEDULE_PLURAL: Final = "agentrunschedules"
 
+# The transcript of a run: an aggregated API served by the store API (an APIService, as
+# metrics-server serves metrics.k8s.io), read through the Kubernetes API server.
+TRANSCRIPT_GROUP: Final = "store.agentrun.dev"
+TRANSCRIPT_VERSION: Final = "v1alpha1"
+TRANSCRIPT_API_VERSION: Final = f"{TRANSCRIPT_GROUP}/{TRANSCRIPT_VERSION}"
+TRANSCRIPT_KIND: Final = "Transcript"
+TRANSCRIPT_PLURAL: Final = "transcripts"
+TRANSCRIPT_SINGULAR: Final = "transcript"
+# The APIService's name, as Kubernetes names them: <version>.<group>.
+TRANSCRIPT_API_SERVICE: Final = f"{TRANSCRIPT_VERSION}.{TRANSCRIPT_GROUP}"
+
+
+class EntryKind:
+    """`entries[].kind` of a Transcript: what one line of the conversation is."""
+
+    INPUT: Final = "input"  # the run's input, as the agent was given it
+    TEXT: Final = "text"  # the model's text
+    TOOL_CALL: Final = "toolCall"  # the model asks for a tool call
+    TOOL_RESULT: Final = "toolResult"  # what the call returned (or the journal, or a denial)
+    APPROVAL: Final = "approval"  # a call waits for a human's decision, or was decided
+    ERROR: Final = "error"  # the model's error, or how an attempt failed
+
+    ALL: Final = (INPUT, TEXT, TOOL_CALL, TOOL_RESULT, APPROVAL, ERROR)
+
+
+class EntryState:
+    """`entries[].state` of a Transcript's tool calls, results and decisions (absent: not
+    known yet, e.g. a call still running or waiting)."""
+
+    FINISHED: Final = "finished"  # the call ran and its end is on the ledger
+    IN_DOUBT: Final = "inDoubt"  # started, its attempt ended, its end never recorded
+    ANSWERED: Final = "answered"  # answered from the journal: not run again
+    DENIED: Final = "denied"  # its approval was denied (or timed out): it never ran
+
+    ALL: Final = (FINISHED, IN_DOUBT, ANSWERED, DENIED)
+
+
+# Who an entry is from when it is agentrun itself (a call held for an approval, an attempt
+# that failed), not the user, the agent or an approver.
+TRANSCRIPT_AUTHOR: Final = "agentrun"
+
 
 class Phase:
     """AgentRun phases."""

@@ -4,8 +4,9 @@ In order: a run that sends an email and is evicted mid-tool (Failed Evicted, its
 refused, forced by someone allowed to, the replay succeeds, two emails in the store); the
 restricted security context in force inside the runner; a runner killed by the kernel
 for its memory limit (OOMKilled); an image that cannot be pulled (ImagePullFailed, no
-tool ran); the same thing in two tenants' namespaces; `helm upgrade` keeping every run;
-`helm uninstall` keeping the store's data.
+tool ran); the same thing in two tenants' namespaces; a run's answer and transcript read
+through the chart's APIService; `helm upgrade` keeping every run; `helm uninstall`
+keeping the store's data.
 """
 
 from __future__ import annotations
@@ -122,6 +123,54 @@ def test_tenants_see_and_touch_only_their_own(cluster: Cluster) -> None:
         replay = cluster.kubectl("apply", "-n", other, "-f", "-", as_user=user, check=False,
                                  input=json.dumps(replay_manifest("peek", "statement-1")))
         assert replay.returncode != 0 and "forbidden" in replay.stderr, (user, replay.stderr)
+
+
+def test_the_answer_and_the_transcript_through_the_charts_api_service(
+        cluster: Cluster) -> None:
+    """The chart's APIService v1alpha1.store.agentrun.dev: the API server (with kubeadm's
+    front-proxy flags) proxies to the store API's pods, which verify its front-proxy
+    certificate and ask it whether the user may read."""
+    ns = "shop"
+    script = [{"call": "send_email", "args": EMAIL}, {"text": "Told the customer."}]
+    cluster.apply(ns, run_manifest("told-42", script), as_user="alice")
+    run = cluster.wait_phase("agentrun", "told-42", ns, ("Succeeded", "Failed"), timeout=240)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+
+    def available() -> bool:
+        done = cluster.kubectl("get", "apiservice", "v1alpha1.store.agentrun.dev", "-o",
+                               "json", check=False)
+        found = json.loads(done.stdout) if done.returncode == 0 else {}
+        return any(c.get("type") == "Available" and c.get("status") == "True"
+                   for c in (found.get("status") or {}).get("conditions") or [])
+
+    cluster.wait("APIService v1alpha1.store.agentrun.dev Available", available, timeout=120)
+    got = cluster.kubectl("get", "transcripts.store.agentrun.dev", "told-42", "-n", ns,
+                          "-o", "json", as_user="alice")
+    transcript = json.loads(got.stdout)
+    assert [(e["kind"], e.get("tool"), e.get("state")) for e in transcript["entries"]] == [
+        ("input", None, None), ("toolCall", "send_email", "finished"),
+        ("toolResult", "send_email", "finished"), ("text", None, None)], transcript
+    assert transcript["entries"][1]["args"] == EMAIL
+    assert transcript["result"]["text"] == "Told the customer."
+    assert transcript["run"]["uid"] == run["metadata"]["uid"]
+    refused = cluster.kubectl("get", "transcripts.store.agentrun.dev", "told-42", "-n", ns,
+                              as_user="bob", check=False)
+    assert refused.returncode != 0 and "forbidden" in refused.stderr, refused.stderr
+
+    # kubectl agentrun, with alice's own kubeconfig (a client certificate of the cluster).
+    env = {**cluster.env, "KUBECONFIG": str(cluster.plane.issue_kubeconfig("alice", "alice"))}
+
+    def plugin(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(cluster.plane.bin / "kubectl"), "agentrun", *args, "-n", ns],
+                              env=env, capture_output=True, text=True, timeout=60)
+
+    answer = plugin("result", "told-42")
+    assert answer.returncode == 0 and answer.stdout == "Told the customer.\n", \
+        answer.stdout + answer.stderr
+    told = plugin("transcript", "told-42")
+    assert told.returncode == 0, told.stderr
+    assert "support_agent calls send_email (call 1)" in told.stdout, told.stdout
+    assert "support_agent: Told the customer." in told.stdout, told.stdout
 
 
 def test_helm_upgrade_keeps_every_run(cluster: Cluster) -> None:

@@ -8,10 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from agentrun_devtools import transcript_api
 from agentrun_devtools.cluster import start_dev_node
 from agentrun_devtools.controlplane import REPO, ControlPlane
 from agentrun_devtools.postgres import Postgres
-from agentrun_devtools.processes import Child, pids_alive
+from agentrun_devtools.processes import Child, free_port, pids_alive
+from agentrun_devtools.transcript_api import TranscriptEndpoint
 
 from tests.harness import Operator, System
 
@@ -93,13 +95,27 @@ def store_url(postgres: Postgres) -> str:
 
 
 @pytest.fixture(scope="session")
+def transcript_endpoint(control_plane: ControlPlane) -> TranscriptEndpoint:
+    """Where the session operator serves the transcript API (this host's address: the API
+    server's EndpointSlice may not name a loopback one)."""
+    return TranscriptEndpoint(control_plane.host_address, free_port())
+
+
+@pytest.fixture(scope="session")
 def operator(crds: ControlPlane, dev_node: Child, store_url: str,
+             transcript_endpoint: TranscriptEndpoint,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    """The session operator; it also serves the transcript API, registered with the API
+    server (APIService v1alpha1.store.agentrun.dev) while it lives."""
     process = Operator(crds, store_url, tmp_path_factory.mktemp("operator"),
-                       SESSION_OPERATOR_ARGS).start()
+                       (*SESSION_OPERATOR_ARGS,
+                        f"--transcript-api-listen={transcript_endpoint.listen}")).start()
+    transcript_api.register(crds, transcript_endpoint)
     try:
         yield process
     finally:
+        # First: an APIService nobody serves would hold up namespace deletion.
+        transcript_api.unregister(crds)
         process.stop()
 
 

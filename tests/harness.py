@@ -53,7 +53,11 @@ class Operator:
             [str(Path(sys.executable).parent / "agentrun-operator"),
              f"--store-api-listen=127.0.0.1:{self.store_api_port}",
              *self.plane.store_api_tls.operator_flags(),  # type: ignore[union-attr]
-             *(["--allow-scripted-model"] if self.scripted else []), *self.args],
+             *(["--allow-scripted-model"] if self.scripted else []),
+             # Not the development cluster's transcript API address (a checkout's .local):
+             # only an operator told to serves it.
+             *([] if any(a.startswith("--transcript-api-listen") for a in self.args)
+               else ["--transcript-api-listen="]), *self.args],
             self.log_dir / f"operator-{self.starts}.log", env=env)
         if wait:
             self.wait_started()

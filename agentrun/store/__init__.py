@@ -84,6 +84,11 @@ Approvals (a call that waits for a human's decision; decided once)
     await decide(engine, uid, call_id, decision, approver, note, approval_name) -> bool
     await approvals_of(engine, uid) -> list[Approval]
 
+Transcript (the conversation of a run, for the store API's store.agentrun.dev)
+    await transcript_facts(engine, uid) -> TranscriptFacts | None
+        its attempts, their session turns' ADK events, ledger, approvals, answer and
+        usage in one read; agentrun.transcript.entries_of makes the conversation of them
+
 Memory (agentrun.store.memory, with google-adk) and samples
     StoreMemoryService(engine, ttl_days=90)            an ADK BaseMemoryService
     await record_side_effect(engine, tool, args, run_name, run_uid, attempt)
@@ -173,6 +178,7 @@ from agentrun.store.runs import (
     start_attempt,
 )
 from agentrun.store.sessions import SessionClaim, claim_session, fork_session, session_app
+from agentrun.store.transcript import transcript_facts
 from agentrun.store.usage import AttemptUsage, attempt_usage
 
 __all__ = [
@@ -255,5 +261,6 @@ __all__ = [
     "settle_counting",
     "start_attempt",
     "tools_executed",
+    "transcript_facts",
     "usage_changed_since",
 ]

@@ -6,7 +6,10 @@
 
 `up` starts a supervisor process in the background that runs the control plane (etcd,
 kube-apiserver, kube-controller-manager, kube-scheduler) and a node, writes the admin
-kubeconfig to .local/kubeconfig and links kubectl and helm into .local/bin/. The node is
+kubeconfig to .local/kubeconfig and links kubectl and helm into .local/bin/. It registers
+the transcript API (APIService v1alpha1.store.agentrun.dev, agentrun_devtools.transcript_api)
+at this host's address and a free port, written to .local/store-api/transcript-api-listen,
+where `make run`'s operator serves it (its --transcript-api-listen default). The node is
 the development node `dev-node` by default; with `--node real`, the real node `real-node`
 (containerd, kubelet, kube-proxy, CoreDNS: agentrun_devtools.realnode, state in
 .local/realnode). Running `up` twice is harmless. `down` stops the supervisor (which stops
@@ -27,9 +30,9 @@ import threading
 import time
 from pathlib import Path
 
-from agentrun_devtools import realnode, runner_launcher
+from agentrun_devtools import realnode, runner_launcher, transcript_api
 from agentrun_devtools.controlplane import REPO, ControlPlane, binaries
-from agentrun_devtools.processes import Child, ProcessDied, pids_alive, wait_for
+from agentrun_devtools.processes import Child, ProcessDied, free_port, pids_alive, wait_for
 
 DEFAULT_STATE = REPO / ".local"
 
@@ -128,6 +131,10 @@ def serve(paths: _Paths, node_kind: str = "dev") -> None:
         for source, name in ((tls.ca, "ca.crt"), (tls.cert, "tls.crt"), (tls.key, "tls.key")):
             shutil.copy(source, paths.store_api_tls / name)
             (paths.store_api_tls / name).chmod(0o600)
+        # The transcript API: the API server proxies to where the operator serves it.
+        endpoint = transcript_api.TranscriptEndpoint(plane.host_address, free_port())
+        transcript_api.register(plane, endpoint)
+        (paths.store_api_tls / "transcript-api-listen").write_text(endpoint.listen + "\n")
         paths.bin.mkdir(parents=True, exist_ok=True)
         for tool in ("kubectl", "helm"):
             link = paths.bin / tool

@@ -5,6 +5,13 @@ module proxy by devtools/controlplane/build.sh (cached outside the checkout) and
 here the way controller-runtime's envtest starts them: free loopback ports, a throwaway
 PKI, an admin client certificate (O=system:masters) in a kubeconfig. Every process is a
 `Child`, so nothing outlives the launcher.
+
+The API server is an aggregator as a kubeadm cluster's is: a front-proxy CA of its own
+(--requestheader-client-ca-file, the names and headers kubeadm gives it, published in
+kube-system/extension-apiserver-authentication), the client certificate it proxies with
+(--proxy-client-cert-file), and --enable-aggregator-routing=true (it dials an APIService's
+endpoints itself: there is no kube-proxy). agentrun_devtools.transcript_api registers the
+transcript API on it.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentrun_devtools import transcript_api
 from agentrun_devtools.certs import PKI
 from agentrun_devtools.processes import Child, ProcessDied, free_port, wait_for
 
@@ -88,6 +96,12 @@ class ControlPlane:
         # operators started against this plane (`make dev-cluster` copies them to
         # .local/store-api/; tests hand them over as flags).
         self.store_api_tls: ServingPair | None = None
+        # The API server's front proxy: the CA aggregated API servers verify it with, and
+        # the client certificate it proxies users' requests with.
+        self.front_proxy: ServingPair | None = None
+        # This host's own address, where the transcript API is reached (store_api_tls
+        # names it).
+        self.host_address = transcript_api.host_address()
 
     @property
     def server(self) -> str:
@@ -126,9 +140,17 @@ class ControlPlane:
                                    organizations=("system:masters",))
         sa_public, sa_private = pki.service_account_keys()
         store_pki = PKI(self.root / "store-api", name="agentrun-store-api-ca")
-        cert, key = store_pki.issue("tls", "agentrun-store", server=True,
-                                    hosts=("127.0.0.1", "localhost", "::1"))
+        # Runners reach it on loopback; the API server reaches the transcript API at this
+        # host's address, verifying the name of the APIService's Service.
+        cert, key = store_pki.issue(
+            "tls", "agentrun-store", server=True,
+            hosts=("127.0.0.1", "localhost", "::1",
+                   *((self.host_address,) if self.host_address else ()),
+                   *transcript_api.SERVICE_NAMES))
         self.store_api_tls = ServingPair(store_pki.ca_cert, cert, key)
+        front_pki = PKI(self.root / "front-proxy", name="front-proxy-ca")
+        proxy_cert, proxy_key = front_pki.issue("front-proxy-client", "front-proxy-client")
+        self.front_proxy = ServingPair(front_pki.ca_cert, proxy_cert, proxy_key)
 
         etcd_port, etcd_peer = free_port(), free_port()
         etcd = self._spawn("etcd", [
@@ -170,6 +192,15 @@ class ControlPlane:
             f"--service-account-key-file={sa_public}",
             f"--service-account-signing-key-file={sa_private}",
             "--endpoint-reconciler-type=none",
+            # The aggregation layer, with kubeadm's names and headers.
+            f"--requestheader-client-ca-file={front_pki.ca_cert}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={proxy_cert}",
+            f"--proxy-client-key-file={proxy_key}",
+            "--enable-aggregator-routing=true",
             "--v=1",
         ])
         self._write_kubeconfig(self.kubeconfig, admin, pki.ca_cert)

@@ -187,6 +187,10 @@ class Demo:
                 return
         env = {**self.env, "KUBECONFIG": str(self.paths.operator_kubeconfig)}
         tls = self.paths.store_api_tls  # the store API's pair, which `up` wrote there
+        # Where `up` registered the transcript API (APIService v1alpha1.store.agentrun.dev).
+        listen = tls / "transcript-api-listen"
+        transcripts = [f"--transcript-api-listen={listen.read_text().strip()}"] \
+            if listen.is_file() else []
         with open(log, "w") as out:
             # The demo's runs use the scripted model, which the operator honours only
             # when told to (the chart leaves it off).
@@ -197,7 +201,7 @@ class Demo:
                 [str(VENV_BIN / "agentrun-operator"), "--allow-scripted-model",
                  f"--store-api-tls-cert-file={tls / 'tls.crt'}",
                  f"--store-api-tls-key-file={tls / 'tls.key'}",
-                 f"--store-api-ca-file={tls / 'ca.crt'}"], stdout=out,
+                 f"--store-api-ca-file={tls / 'ca.crt'}", *transcripts], stdout=out,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True)
         pid_file.write_text(str(process.pid))

@@ -27,6 +27,13 @@ def _dev_tls(name: str) -> str:
     return str(path) if _CHECKOUT and path.is_file() else ""
 
 
+def _dev_transcript_listen() -> str:
+    # Where the development cluster's APIService v1alpha1.store.agentrun.dev sends the API
+    # server (make dev-cluster registers it and writes the address here).
+    path = DEV_STORE_API_TLS / "transcript-api-listen"
+    return path.read_text().strip() if _CHECKOUT and path.is_file() else ""
+
+
 @dataclass(frozen=True)
 class OperatorConfig:
     """What the operator needs to know besides the cluster's own objects."""
@@ -45,6 +52,9 @@ class OperatorConfig:
     store_api_tls_cert_file: str = ""
     store_api_tls_key_file: str = ""
     store_api_ca: str = ""
+    # The transcript API (store.agentrun.dev), served with the store API on its own
+    # HOST:PORT, where the cluster's APIService points ("" = not here).
+    transcript_api_listen: str = ""
     # The scripted model lets whoever creates a run choose every tool call: off unless
     # asked for (development clusters, tests, the demo).
     allow_scripted_model: bool = False
@@ -122,6 +132,13 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
                    help="the CA that issued the store API's certificate, given to runner "
                         "pods to verify it (default: .local/store-api/ca.crt; empty: the "
                         "runner image's trusted roots)")
+    p.add_argument("--transcript-api-listen",
+                   default=_env("AGENTRUN_TRANSCRIPT_API_LISTEN", _dev_transcript_listen()),
+                   help="with --store-api-listen: also serve the transcript API (the "
+                        "aggregated API store.agentrun.dev) on HOST:PORT, with the store "
+                        "API's certificate (default on the development cluster: where its "
+                        "APIService points, .local/store-api/transcript-api-listen; empty: "
+                        "not served)")
     p.add_argument("--allow-scripted-model", action="store_true",
                    default=_env("AGENTRUN_ALLOW_SCRIPTED_MODEL", "") == "true",
                    help="honour spec.model: scripted (whoever creates a run then chooses "
@@ -196,6 +213,10 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
                 "process, over TLS only: give --store-api-tls-cert-file and "
                 "--store-api-tls-key-file (make dev-cluster writes them to "
                 ".local/store-api/)")
+    if a.transcript_api_listen and not a.store_api_listen:
+        p.error(f"--transcript-api-listen={a.transcript_api_listen} is served with the store "
+                "API in this process: give --store-api-listen too (or run agentrun-store-api "
+                "--transcript-listen)")
     ca = ""
     if a.store_api_ca_file:
         try:
@@ -229,6 +250,7 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
         store_api_tls_cert_file=a.store_api_tls_cert_file,
         store_api_tls_key_file=a.store_api_tls_key_file,
         store_api_ca=ca,
+        transcript_api_listen=a.transcript_api_listen,
         allow_scripted_model=a.allow_scripted_model,
         runner_image=a.runner_image,
         runner_command=tuple(a.runner_command.split()),

@@ -32,7 +32,12 @@ The modules, by concern:
 - `app`: the aiohttp application, and `serve()`, which the operator also calls to serve
   the store API in its own process on the development cluster (`--store-api-listen`);
 - `main`: the program `agentrun-store-api` (the chart's own Deployment);
-- `metrics`: what it exports on `--metrics-port`.
+- `metrics`: what it exports on `--metrics-port`;
+- `transcripts`, `frontproxy`, `access`: the transcript API (store.agentrun.dev, an
+  aggregated API on its own listener, `--transcript-listen`): what it serves, who the
+  API server's front proxy says the user is, and whether the API server lets them
+  (SubjectAccessReview). Users, not runners: it shares nothing with the routes above but
+  the store.
 
 Nothing here imports kopf or the operator's package: the store API's image carries only
 this package and the shared `agentrun`.

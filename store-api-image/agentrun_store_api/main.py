@@ -17,6 +17,7 @@ from agentrun_store_api import metrics
 from agentrun_store_api.app import serve
 from agentrun_store_api.limits import POOL_OVERFLOW, POOL_SIZE
 from agentrun_store_api.tls import ServingCertificate
+from agentrun_store_api.transcripts import TRANSCRIPT_POOL_SIZE, serve_transcripts
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -40,6 +41,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tls-private-key-file",
                    default=os.environ.get("AGENTRUN_STORE_API_TLS_KEY_FILE", ""),
                    help="its private key (PEM)")
+    p.add_argument("--transcript-listen",
+                   default=os.environ.get("AGENTRUN_TRANSCRIPT_LISTEN", ""),
+                   help="also serve the transcript API (store.agentrun.dev, an aggregated API "
+                        "the Kubernetes API server proxies to) on HOST:PORT, with the same "
+                        "certificate (empty: not served)")
     p.add_argument("--metrics-port", type=int,
                    default=int(os.environ.get("AGENTRUN_METRICS_PORT", "0")))
     p.add_argument("--log-format", choices=logs.FORMATS,
@@ -81,11 +87,22 @@ def main(argv: list[str] | None = None) -> int:
         served = await serve(args.listen, engine, client.ApiClient(), tls=tls,
                              audience=args.audience, namespaces=tuple(args.namespaces),
                              check_schema=True)
+        # Users' reads have a pool of their own: a crowd following transcripts never
+        # holds a connection a runner's ledger write waits for.
+        readers = store.make_engine(args.database_url, pool_size=TRANSCRIPT_POOL_SIZE,
+                                    max_overflow=0)
+        transcripts = await serve_transcripts(
+            args.transcript_listen, readers, client.ApiClient(),
+            tls=ServingCertificate(args.tls_cert_file, args.tls_private_key_file)) \
+            if args.transcript_listen else None
         try:
             await asyncio.Event().wait()
         finally:
+            if transcripts is not None:
+                await transcripts.stop()
             await served.stop()
             await engine.dispose()
+            await readers.dispose()
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run())

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from agentrun_devtools.controlplane import REPO, ControlPlane
+from cryptography import x509
 
 CHART = REPO / "charts" / "agentrun"
 NAMESPACE = "agentrun-system"
@@ -159,15 +160,55 @@ def test_the_store_api_is_its_own_deployment_service_and_rights(
         e for e in container(found, "agentrun-operator")["env"] if e["name"] == "DATABASE_URL"]
 
     service = found[("Service", "agentrun-store", NAMESPACE)]["spec"]
-    assert [p["port"] for p in service["ports"]] == [8080]
+    assert [(p["name"], p["port"], p["targetPort"]) for p in service["ports"]] == [
+        ("store", 8080, "store"), ("transcripts", 443, "transcripts")]
     assert service["selector"] == deployment["spec"]["selector"]["matchLabels"]
 
     delegator = found[("ClusterRoleBinding", "agentrun-store-auth-delegator", None)]
     assert delegator["roleRef"]["name"] == "system:auth-delegator"
     assert delegator["subjects"] == [
         {"kind": "ServiceAccount", "name": "agentrun-store", "namespace": NAMESPACE}]
-    assert found[("ClusterRole", "agentrun-store", None)]["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+    assert found[("ClusterRole", "agentrun-store", None)]["rules"] == STORE_API_RULES
+
+
+# A runner's token names its pod (its run and attempt); a transcript names its AgentRun.
+STORE_API_RULES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+                   {"apiGroups": ["agentrun.dev"], "resources": ["agentruns"],
+                    "verbs": ["get", "list"]}]
+
+
+@pytest.mark.parametrize("cert_manager", [False, True], ids=["own-ca", "cert-manager"])
+def test_the_transcript_api_is_registered_with_the_store_apis_ca(
+        control_plane: ControlPlane, cert_manager: bool) -> None:
+    found = objects(control_plane, "postgres.enabled=true",
+                    f"storeApi.certManager.enabled={str(cert_manager).lower()}")
+    store = container(found, "agentrun-store")
+    assert "--transcript-listen=0.0.0.0:8443" in store["args"]
+    assert {"name": "transcripts", "containerPort": 8443} in store["ports"]
+    registered = found[("APIService", "v1alpha1.store.agentrun.dev", None)]
+    spec = registered["spec"]
+    assert (spec["group"], spec["version"]) == ("store.agentrun.dev", "v1alpha1")
+    assert spec["service"] == {"name": "agentrun-store", "namespace": NAMESPACE, "port": 443}
+    assert "insecureSkipTLSVerify" not in spec
+    if cert_manager:
+        assert "caBundle" not in spec
+        assert registered["metadata"]["annotations"] == {
+            "cert-manager.io/inject-ca-from": f"{NAMESPACE}/agentrun-store-tls"}
+        assert found[("Certificate", "agentrun-store-tls", NAMESPACE)]["spec"][
+            "secretName"] == "agentrun-store-tls"
+    else:
+        secret = found[("Secret", "agentrun-store-tls", NAMESPACE)]
+        assert spec["caBundle"] == secret["data"]["ca.crt"]
+        # The API server verifies the Service's name <service>.<namespace>.svc.
+        cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+        names = cert.extensions.get_extension_for_class(
+            x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+        assert f"agentrun-store.{NAMESPACE}.svc" in names
+    reader = found[("RoleBinding", "agentrun-store-authentication-reader", "kube-system")]
+    assert reader["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                 "name": "extension-apiserver-authentication-reader"}
+    assert reader["subjects"] == [
+        {"kind": "ServiceAccount", "name": "agentrun-store", "namespace": NAMESPACE}]
 
 
 def test_the_operator_sends_runners_to_the_store_api_and_holds_no_runner_secret(
@@ -283,9 +324,8 @@ def test_the_operator_reads_secrets_cluster_wide_only_when_it_watches_everything
         binding = listed[("RoleBinding", "agentrun-operator", namespace)]
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "agentrun-operator", "namespace": NAMESPACE}]
-        # The store API reads pods there, and nowhere else.
-        assert listed[("Role", "agentrun-store", namespace)]["rules"] == [
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+        # The store API reads pods and AgentRuns there, and nowhere else.
+        assert listed[("Role", "agentrun-store", namespace)]["rules"] == STORE_API_RULES
     assert ("ClusterRole", "agentrun-store", None) not in listed
     assert "--namespace=team-a" in container(listed, "agentrun-store")["args"]
 
@@ -340,8 +380,10 @@ def test_network_policies_let_only_runners_reach_the_store_and_nothing_else_reac
     assert runners["ports"] == [{"port": 8080}]
     assert runners["from"] == [{"namespaceSelector": {}, "podSelector": {
         "matchExpressions": [{"key": "agentrun.dev/run", "operator": "Exists"}]}}]
-    # Anything else that may connect does so on the metrics port only.
-    assert [r["ports"] for r in store["ingress"][1:]] == [[{"port": 9090}]]
+    # Anything else that may connect does so on the transcript API's port (the API server,
+    # which no selector names; only its front-proxy certificate is served there) and the
+    # metrics port only.
+    assert store["ingress"][1:] == [{"ports": [{"port": 8443}]}, {"ports": [{"port": 9090}]}]
 
     operator = found[("NetworkPolicy", "agentrun-operator", NAMESPACE)]["spec"]
     assert operator["ingress"] == [{"ports": [{"port": 9090}]}]

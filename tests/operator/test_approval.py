@@ -260,8 +260,8 @@ def test_an_approved_call_evicted_in_doubt_follows_the_resume_rules(
     system.apply(in_namespace(agent_run("charge-doubtful", script, tools=REQUIRED,
                                         retry={"maxAttempts": 3, "resume": True}), ns))
     pending = waiting(system, ns, "charge-doubtful")["status"]["pendingApproval"]
-    done = create_as(system, "ann", approval(ns, "charge-doubtful-call-1", "charge-doubtful", pending,
-                                             "ann"))
+    done = create_as(system, "ann", approval(ns, "charge-doubtful-call-1", "charge-doubtful",
+                                             pending, "ann"))
     assert done.returncode == 0, done.stderr
     system.wait_run(ns, "charge-doubtful", lambda r: len(charges(system, "charge-doubtful")) == 1)
     system.wait_pod_running(ns, "charge-doubtful-2")

@@ -1,7 +1,9 @@
 """README's "Running the operator", typed as written, in a fresh copy of the repository
 (its own .local: the development cluster, the SQLite store), `make run` included: the
-sample run succeeds, and a forced replay of it is approved and its run created and run by
-the operator `make run` started, although the admin's kubeconfig is exported."""
+sample run succeeds, its answer and transcript are read through the API server (the
+development cluster's APIService, served by `make run`'s operator), and a forced replay of
+it is approved and its run created and run by the operator `make run` started, although the
+admin's kubeconfig is exported."""
 
 from __future__ import annotations
 
@@ -75,7 +77,7 @@ def test_the_readme_flow_runs_and_replays(tmp_path: Path) -> None:
         text = log.read_text()
         assert f"KUBECONFIG={checkout / '.local' / 'operator.kubeconfig'}" in text, text[-2000:]
 
-        apply, get, replay, get_replays, _down = second
+        apply, get, result, transcript, replay, get_replays, _down = second
         assert shell([*exports, apply]).returncode == 0
 
         def phase(kind: str, name: str) -> str:
@@ -87,6 +89,14 @@ def test_the_readme_flow_runs_and_replays(tmp_path: Path) -> None:
                  what="the sample run Succeeded")
         shown = shell([*exports, get]).stdout
         assert "Succeeded" in shown and '["send_email"]' in shown, shown
+        # Through the development cluster's API server and its APIService, to the transcript
+        # API that `make run`'s operator serves.
+        answer = shell([*exports, result])
+        assert answer.stdout == "Refund confirmed by email.\n", answer.stdout + answer.stderr
+        told = shell([*exports, transcript])
+        assert told.returncode == 0, told.stderr
+        assert "support_agent calls send_email (call 1)" in told.stdout, told.stdout
+        assert "support_agent: Refund confirmed by email." in told.stdout, told.stdout
         made = shell([*exports, replay])
         assert made.returncode == 0, made.stdout + made.stderr
         replay_name = re.search(r"agentrunreplay\S*/(\S+)", made.stdout + made.stderr)

@@ -179,7 +179,8 @@ def test_a_runner_may_not_report_what_only_the_operator_observes(
         assert status == 400, got
         assert got["error"] == (
             "a runner reports a failure only with one of its own reasons "
-            f"({', '.join(sorted(Reason.RUNNER_REPORTED))}); {reason!r} is not one: the operator decides it from what it observes")
+            f"({', '.join(sorted(Reason.RUNNER_REPORTED))}); {reason!r} is not one: "
+            "the operator decides it from what it observes")
     assert query(pg_store, lambda e: store.get_outcome(e, run.uid, 1)) is None
     # Its own reasons are its to report.
     status, got = call(api, "POST", "/v1/attempt/outcome", token,

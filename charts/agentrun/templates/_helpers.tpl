@@ -104,3 +104,35 @@ per namespace of operator.namespaces, or a ClusterRole when it is empty).
   resources: [configmaps, secrets]
   verbs: [get]
 {{- end }}
+
+{{/*
+The APIService of the transcript API (store.agentrun.dev/v1alpha1 transcripts, served by
+the store API on its Service's port transcripts): the API server proxies users' requests to
+it with its front-proxy certificate, verifying the store API's certificate with caBundle
+(base64 PEM; empty with cert-manager, whose CA injector fills it from the Secret
+agentrun-store-tls).
+*/}}
+{{- define "agentrun.transcriptAPIService" -}}
+{{- $root := .root }}
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata:
+  name: v1alpha1.store.agentrun.dev
+  labels: {{- include "agentrun.labels" $root | nindent 4 }}
+  {{- if not .caBundle }}
+  annotations:
+    cert-manager.io/inject-ca-from: {{ $root.Release.Namespace }}/agentrun-store-tls
+  {{- end }}
+spec:
+  group: store.agentrun.dev
+  version: v1alpha1
+  groupPriorityMinimum: 1000
+  versionPriority: 15
+  service:
+    name: agentrun-store
+    namespace: {{ $root.Release.Namespace }}
+    port: 443
+  {{- if .caBundle }}
+  caBundle: {{ .caBundle }}
+  {{- end }}
+{{- end }}
