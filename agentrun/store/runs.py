@@ -150,7 +150,8 @@ async def record_run(
             .values(
                 uid=uid, namespace=namespace, name=name, agent=agent, trigger=trigger,
                 user_id=user_id, input_digest=input_digest, replay_of=replay_of,
-                agent_digest=agent_digest, status=RunStatus.PENDING, attempts=0, created_at=now, updated_at=now,
+                agent_digest=agent_digest, status=RunStatus.PENDING, attempts=0,
+                created_at=now, updated_at=now,
             )
             .on_conflict_do_nothing()
             .returning(runs.c.uid)

@@ -94,10 +94,16 @@ class Kube:
         return list(_json(response).get("items") or [])
 
     async def list_agents(self, namespace: str) -> list[dict[str, Any]]:
-        """The Agents of a namespace (a launch without the watch's cache)."""
-        response = await asyncio.to_thread(
-            self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, AGENT_PLURAL,
-            _preload_content=False)
+        """The Agents of a namespace, as they are now (none where the kind is not served:
+        an install from before Agents)."""
+        try:
+            response = await asyncio.to_thread(
+                self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace,
+                AGENT_PLURAL, _preload_content=False)
+        except ApiException as e:
+            if e.status == 404:
+                return []
+            raise
         return list(_json(response).get("items") or [])
 
     async def secret_keys(self, namespace: str, name: str) -> set[str] | None:
