@@ -38,7 +38,7 @@ def apply_crds(plane: ControlPlane, directory: Path = CRDS) -> None:
     plane.kubectl(
         "wait", "--for=condition=Established", "--timeout=60s",
         "crd/agentruns.agentrun.dev", "crd/agentrunreplays.agentrun.dev",
-        "crd/agentrunapprovals.agentrun.dev",
+        "crd/agentrunapprovals.agentrun.dev", "crd/agents.agentrun.dev",
     )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import sys
 import time
@@ -45,8 +46,13 @@ applied: dict[str, dict[str, Any]] = {}  # Idempotency-Key -> the first call's a
 
 def _record(tool: str, args: dict[str, Any], ctx: Context) -> str | None:
     request = ctx.request_context.request
-    key = request.headers.get("idempotency-key") if request is not None else None
-    call = {"tool": tool, "args": args, "idempotencyKey": key, "at": time.time()}
+    headers = request.headers if request is not None else {}
+    key = headers.get("idempotency-key")
+    # What the Agent's Secret header carried, as a digest: enough to check it arrived,
+    # never the credential itself in a log.
+    token = headers.get("authorization")
+    call = {"tool": tool, "args": args, "idempotencyKey": key, "at": time.time(),
+            "authorizationSha256": hashlib.sha256(token.encode()).hexdigest() if token else None}
     calls.append(call)
     print(f"crm-mcp call {json.dumps(call, sort_keys=True)}", flush=True)
     return key
