@@ -27,6 +27,7 @@ from agentrun.vocabulary import (
     Reason,
     ReplayReason,
 )
+from tests import kstatus
 from tests.harness import System, agent_run, in_namespace
 from tests.mcp_server import CrmServer, crm_server
 
@@ -89,6 +90,18 @@ def ledger(system: System, run: dict[str, Any]) -> list[store.LedgerEntry]:
     return system.store(lambda e: store.ledger(e, run["metadata"]["uid"]))
 
 
+def replay_run(system: System, namespace: str, replay: str) -> dict[str, Any]:
+    """The settled status of the run an approved AgentRunReplay created."""
+    def created() -> bool:
+        found = system.get(f"agentrunreplays.{GROUP}", namespace, replay) or {}
+        return bool((found.get("status") or {}).get("replayRunName"))
+
+    wait_for(created, timeout=60, what=f"the run of {replay}")
+    found = system.get(f"agentrunreplays.{GROUP}", namespace, replay)
+    assert found is not None
+    return settled(system, namespace, found["status"]["replayRunName"])
+
+
 def pods_of(system: System, namespace: str, run: str) -> list[str]:
     done = system.kubectl("get", "pods", "-n", namespace, "-l", f"agentrun.dev/run={run}",
                           "-o", "json")
@@ -106,6 +119,7 @@ def test_a_read_only_mcp_tool_is_called_once_and_the_ledger_says_read_only(
         namespace))
     defined = ready(system, namespace, "triage")
     assert conditions(defined)[Condition.STALLED]["status"] == "False"
+    assert kstatus.compute(defined).status == kstatus.CURRENT  # cli-utils' own verdict
     system.apply(in_namespace(agent_run("look-42", LOOKUP, agent="triage"), namespace))
     status = settled(system, namespace, "look-42")
     assert status["phase"] == Phase.SUCCEEDED, status
@@ -130,7 +144,7 @@ def test_an_in_doubt_destructive_call_refuses_the_resume(
         system: System, namespace: str, crm: CrmServer) -> None:
     system.apply(in_namespace(triage(crm.url), namespace))
     ready(system, namespace, "triage")
-    script = [{"call": "close_account", "args": {"customer": "43", "delay_seconds": 60}},
+    script = [{"call": "close_account", "args": {"customer": "43", "delay_seconds": 15}},
               {"text": "Closed."}]
     system.apply(in_namespace(agent_run("close-43", script, agent="triage", retry=RESUME),
                               namespace))
@@ -148,6 +162,17 @@ def test_an_in_doubt_destructive_call_refuses_the_resume(
     assert "close_account is Effectful" in resumable["message"]
     assert status["toolsExecuted"] == ["close_account"]
     assert len(crm.calls("close_account")) == 1  # not called again
+    # Someone who checked forces a manual resume: the replay run continues a fork of the
+    # session, on the original's snapshot, and makes the call again (with its key).
+    system.apply({"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentRunReplay",
+                  "metadata": {"name": "close-43-resume", "namespace": namespace,
+                               "annotations": {ANNOTATION_FORCE_REPLAY: "true"}},
+                  "spec": {"runName": "close-43", "resume": True}})
+    resumed = replay_run(system, namespace, "close-43-resume")
+    assert resumed["phase"] == Phase.SUCCEEDED, resumed
+    assert resumed["agentDigest"] == status["agentDigest"]
+    first, again = crm.calls("close_account")
+    assert first["idempotencyKey"] == again["idempotencyKey"]
 
 
 def test_an_in_doubt_idempotent_call_runs_again_with_the_same_key(
@@ -190,12 +215,7 @@ def test_a_replay_runs_the_agent_its_original_ran_and_a_new_run_the_agent_as_it_
                                "annotations": {ANNOTATION_FORCE_REPLAY: "true"}},
                   "spec": {"runName": "before"}}
         system.apply(replay)
-        wait_for(lambda: ((system.get(f"agentrunreplays.{GROUP}", namespace, "before-again")
-                           or {}).get("status") or {}).get("replayRunName"), timeout=60,
-                 what="the replay run")
-        again = system.get(f"agentrunreplays.{GROUP}", namespace, "before-again")
-        assert again is not None
-        replayed = settled(system, namespace, again["status"]["replayRunName"])
+        replayed = replay_run(system, namespace, "before-again")
         assert replayed["phase"] == Phase.SUCCEEDED, replayed
         assert replayed["agentDigest"] == first  # the original's snapshot, not the Agent's
         system.apply(in_namespace(agent_run("after", LOOKUP, agent="triage"), namespace))
@@ -264,6 +284,8 @@ def test_an_agent_that_cannot_be_built_fails_its_runs_before_any_pod(
     assert stalled["status"] == "True" and "sub-agent billing, which does not exist" in \
         stalled["message"]
     assert "digest" not in invalid["status"]
+    verdict = kstatus.compute(invalid)
+    assert (verdict.status, verdict.message) == (kstatus.FAILED, stalled["message"])
     system.apply(in_namespace(agent_run("no-billing", LOOKUP, agent="triage"), namespace))
     status = settled(system, namespace, "no-billing")
     assert (status["phase"], status["reason"]) == (Phase.FAILED, Reason.AGENT_INVALID)

@@ -68,19 +68,24 @@ def test_a_read_only_mcp_tool_is_called_once_through_the_ledger(
 
 def test_effects_come_from_the_annotations_then_the_agent_then_the_run(
         pg_store: str, crm: CrmServer) -> None:
-    snapshot = snapshot_of(crm.url, effects=[{"name": "close_account", "effect": "Idempotent"}])
+    snapshot = snapshot_of(crm.url, effects=[{"name": "close_account", "effect": "Idempotent"}],
+                           tools=[{"function": "sample_tools.refund_policy"}])
     run = prepare_run(pg_store, "mcp-effects", agent="triage", agent_snapshot=snapshot)
     done = run_runner(run, [{"call": "update_ticket", "args": {"ticket": "7", "status": "x"}},
                             {"call": "close_account", "args": {"customer": "43"}},
                             {"call": "lookup_customer", "args": {"customer": "42"}},
+                            {"call": "refund_policy", "args": {"order": "42"}},
                             {"text": "Done."}],
                       AGENTRUN_TOOLS='[{"name": "lookup_customer", "effect": "Effectful"}]')
     assert done.returncode == RunnerExit.SUCCESS, explain(done)
-    assert [(e.tool, e.effect) for e in ledger(run)] == [
+    entries = ledger(run)
+    assert [(e.tool, e.effect) for e in entries] == [
         ("update_ticket", effects.IDEMPOTENT),   # the server's idempotentHint
         ("close_account", effects.IDEMPOTENT),   # the Agent's spec.effects over destructiveHint
         ("lookup_customer", effects.EFFECTFUL),  # the run's spec.tools over readOnlyHint
+        ("refund_policy", effects.READ_ONLY),    # a function of the image, its @read_only
     ]
+    assert entries[3].result == {"order": "42", "refundable": True, "within_days": 30}
     keys = [c["idempotencyKey"] for c in crm.calls()]
     assert len(set(keys)) == 3 and all(keys)  # one key per call
 

@@ -182,3 +182,49 @@ def test_agent_status(agents_of: dict[str, dict[str, Any]], missing: list[str],
     assert (status.get("digest") is not None) == digest
     if missing:
         assert "Secret crm has no key token" in status["conditions"][0]["message"]
+
+
+# -- what the pod and the runner take from a snapshot -----------------------------------------
+
+
+def test_the_runner_pod_takes_secret_headers_from_the_secrets_after_the_users_env() -> None:
+    from agentrun_operator.config import OperatorConfig
+    from agentrun_operator.pods import runner_pod
+
+    snapshot = agents.resolve("triage", {"triage": TRIAGE, "billing": BILLING}, NS).snapshot
+    assert snapshot is not None
+    (ref,) = agents.secret_refs(snapshot)
+    run = {"metadata": {"name": "look-42", "namespace": NS, "uid": "u-1"},
+           "spec": {"agent": "triage", "input": {"text": "hi"},
+                    "env": [{"name": ref.env, "value": "Bearer forged"}]}}
+    pod = runner_pod(run, 1, "u-1-1", "hmac-sha256:ab", OperatorConfig(database_url="x"),
+                     agent_digest="sha256:cd", agent_env=agents.secret_env(snapshot))
+    env = pod["spec"]["containers"][0]["env"]
+    # A later duplicate wins in a pod: the run's creator cannot set what the header carries.
+    last = {e["name"]: e for e in env}
+    assert last[ref.env] == {"name": ref.env, "valueFrom": {"secretKeyRef": {
+        "name": "crm", "key": "token"}}}
+    assert last["AGENTRUN_AGENT_DIGEST"]["value"] == "sha256:cd"
+    plain = runner_pod(run, 1, "u-1-1", "hmac-sha256:ab", OperatorConfig(database_url="x"))
+    assert {e["name"]: e for e in plain["spec"]["containers"][0]["env"]}[
+        "AGENTRUN_AGENT_DIGEST"]["value"] == ""
+
+
+def test_the_runner_maps_every_builtin_to_adks_own_object() -> None:
+    from agentrun_runner.declarative import BUILTIN_TOOLS, builtin_tool
+    from google.adk.tools.base_tool import BaseTool
+
+    assert set(BUILTIN_TOOLS) == set(agents.BUILTINS)
+    assert all(isinstance(builtin_tool(name), BaseTool) for name in agents.BUILTINS)
+
+
+def test_an_mcp_call_carries_the_key_of_the_call_the_ledger_lets_run() -> None:
+    from agentrun_runner.declarative import call_key_header
+    from agentrun_runner.ledger import CALL_KEY
+
+    assert call_key_header(None) == {}  # type: ignore[arg-type]  # the tool listing: none
+    token = CALL_KEY.set("agentrun-abc")
+    try:
+        assert call_key_header(None) == {"Idempotency-Key": "agentrun-abc"}  # type: ignore[arg-type]
+    finally:
+        CALL_KEY.reset(token)
