@@ -63,6 +63,10 @@ class EntryState:
 # that failed), not the user, the agent or an approver.
 TRANSCRIPT_AUTHOR: Final = "agentrun"
 
+# A declarative agent: an ADK agent definition kept as a resource (docs/agents.md).
+AGENT_KIND: Final = "Agent"
+AGENT_PLURAL: Final = "agents"
+
 
 class Phase:
     """AgentRun phases."""
@@ -107,6 +111,15 @@ class Reason:
     POD_INVALID: Final = "PodInvalid"
     SESSION_BUSY: Final = "SessionBusy"
     SESSION_NOT_OWNED: Final = "SessionNotOwned"
+    # spec.agent names no Agent of the run's namespace and no directory of the runner
+    # image (the runner reports it), or the Agent snapshot a replay pins is gone (the
+    # operator, at launch).
+    AGENT_NOT_FOUND: Final = "AgentNotFound"
+    # The Agent cannot be built: at launch (a sub-agent missing, a cycle, no model), or by
+    # the runner (a function that does not import, a tool filter the server does not serve).
+    AGENT_INVALID: Final = "AgentInvalid"
+    # An MCP server of the Agent did not answer its tool listing before the first model call.
+    TOOL_SERVER_UNAVAILABLE: Final = "ToolServerUnavailable"
     # Non-failures.
     CREATED: Final = "Created"
     POD_CREATED: Final = "PodCreated"
@@ -123,12 +136,14 @@ class Reason:
     # Cancelled in place: the annotation agentrun.dev/cancel stopped the run and kept it.
     CANCEL_REQUESTED: Final = "CancelRequested"
 
-    # The only failure reasons a runner may report (the store API refuses any other): what
-    # the agent itself ran into. Every other reason is an observation of the operator (or of
-    # the store API, InputUnavailable), made where the runner cannot write it, because many
-    # mean "nothing ran" and a runner must not be able to say that of itself.
+    # The failure reasons a runner may report for its own attempt (the store API refuses
+    # any other): every reason that would say "nothing ran" is the operator's alone.
+    # The Agent reasons are the runner's to find (its image, its MCP servers); they end an
+    # attempt before the first model call, and toolsExecuted is counted all the same.
     RUNNER_REPORTED: Final = frozenset({AGENT_ERROR, RATE_LIMITED_AFTER_TOOL_CALL,
-                                        BUDGET_EXCEEDED, PRICE_UNKNOWN, AWAITING_APPROVAL})
+                                        BUDGET_EXCEEDED, PRICE_UNKNOWN, AWAITING_APPROVAL,
+                                        AGENT_NOT_FOUND, AGENT_INVALID,
+                                        TOOL_SERVER_UNAVAILABLE})
     # What an attempt's recorded outcome may say: the runner's reasons, and the store API's
     # own observation that the run's input snapshot is gone.
     RECORDED: Final = RUNNER_REPORTED | {INPUT_UNAVAILABLE}
@@ -208,6 +223,17 @@ class Condition:
     TOOL_CALLS_RECORDED: Final = "ToolCallsRecorded"
     NO_TOOL_CALLS: Final = "NoToolCalls"
     TOOL_STATE_UNKNOWN: Final = "ToolStateUnknown"
+
+
+class AgentReason:
+    """The reasons of an Agent's conditions (Ready, Stalled): why it can or cannot run."""
+
+    VALID: Final = "Valid"
+    # Its definition (with the Agents it names) cannot be built: AgentRun reason AgentInvalid.
+    INVALID: Final = "AgentInvalid"
+    # A Secret (or a key of it) that a header's valueFrom names does not exist: a run's pod
+    # waits for it, as for any env var from a missing Secret.
+    SECRET_NOT_FOUND: Final = "SecretNotFound"
 
 
 class ApprovalPhase:
@@ -336,6 +362,17 @@ class RunnerEnv:
     # spec.limits (JSON), and the operator's modelPrices (JSON) the runner prices calls by.
     LIMITS: Final = "AGENTRUN_LIMITS"
     MODEL_PRICES: Final = "AGENTRUN_MODEL_PRICES"
+    # The digest of the Agent snapshot the run pinned at launch (empty: an image agent);
+    # the runner asks the store API for that snapshot, by the run its token speaks for.
+    AGENT_DIGEST: Final = "AGENTRUN_AGENT_DIGEST"
+
+
+# Where the operator puts, through valueFrom (the kubelet resolves it), the value of each
+# MCP header an Agent takes from a Secret: this prefix and a digest of (agent, server,
+# header) (agentrun.agents.header_env). Never in the snapshot, never in a status.
+MCP_HEADER_ENV_PREFIX: Final = "AGENTRUN_MCP_HEADER_"
+# The request header that carries a call's idempotency key to an MCP server, per call.
+HEADER_IDEMPOTENCY_KEY: Final = "Idempotency-Key"
 
 
 class LoaderEnv:
@@ -439,6 +476,9 @@ class RunnerExit:
     BUDGET_EXCEEDED: Final = 7
     PRICE_UNKNOWN: Final = 8
     AWAITING_APPROVAL: Final = 9
+    AGENT_NOT_FOUND: Final = 10
+    AGENT_INVALID: Final = 11
+    TOOL_SERVER_UNAVAILABLE: Final = 12
 
 
 class RunStatus:

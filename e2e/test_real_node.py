@@ -5,12 +5,13 @@ refused, forced by someone allowed to, the replay succeeds, two emails in the st
 restricted security context in force inside the runner; a runner killed by the kernel
 for its memory limit (OOMKilled); an image that cannot be pulled (ImagePullFailed, no
 tool ran); the same thing in two tenants' namespaces; a run's answer and transcript read
-through the chart's APIService; `helm upgrade` keeping every run; `helm uninstall`
-keeping the store's data.
+through the chart's APIService; the declarative sample (an Agent and its MCP server as a
+pod); `helm upgrade` keeping every run; `helm uninstall` keeping the store's data.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import time
@@ -171,6 +172,47 @@ def test_the_answer_and_the_transcript_through_the_charts_api_service(
     assert told.returncode == 0, told.stderr
     assert "support_agent calls send_email (call 1)" in told.stdout, told.stdout
     assert "support_agent: Told the customer." in told.stdout, told.stdout
+
+
+def test_the_declarative_sample_runs_an_agent_with_its_mcp_server(cluster: Cluster) -> None:
+    """samples/declarative/README.md as written: the MCP server as a pod of the runner image
+    (its script from a ConfigMap) behind a Service, the Agent (alice may apply it once she
+    may get the Secret it names), and a run of it, each a container on the real node."""
+    ns, sample = "shop", REPO / "samples" / "declarative"
+    cluster.kubectl("create", "configmap", "crm-mcp", "-n", ns,
+                    f"--from-file={sample / 'crm_mcp.py'}")
+    cluster.kubectl("apply", "-n", ns, "-f", str(sample / "crm-mcp.yaml"))
+    cluster.kubectl("create", "secret", "generic", "crm", "-n", ns,
+                    "--from-literal=token=Bearer demo-token")
+    refused = cluster.kubectl("apply", "-n", ns, "-f", str(sample / "agent.yaml"),
+                              as_user="alice", check=False)
+    assert refused.returncode != 0 and "alice may not get secrets/crm" in refused.stderr, \
+        refused.stderr
+    cluster.kubectl("create", "role", "crm-reader", "-n", ns, "--verb=get",
+                    "--resource=secrets", "--resource-name=crm")
+    cluster.kubectl("create", "rolebinding", "alice-crm", "-n", ns, "--role=crm-reader",
+                    "--user=alice")
+    cluster.wait("the Agent admitted for alice", lambda: cluster.kubectl(
+        "apply", "-n", ns, "-f", str(sample / "agent.yaml"), as_user="alice",
+        check=False).returncode == 0, timeout=60)
+    cluster.kubectl("wait", "-n", ns, "--for=condition=Ready", "agent/triage", "--timeout=120s")
+    cluster.kubectl("wait", "-n", ns, "--for=condition=Ready", "pod/crm-mcp", "--timeout=300s",
+                    timeout=320)
+    cluster.kubectl("apply", "-n", ns, "-f", str(sample / "agentrun.yaml"), as_user="alice")
+    run = cluster.wait_phase("agentrun", "refund-42", ns, ("Succeeded", "Failed"), timeout=300)
+    status = run["status"]
+    assert status["phase"] == "Succeeded", status
+    assert status["toolsExecuted"] == ["lookup_customer", "refund_policy", "update_ticket"]
+    assert status["agentDigest"] == cluster.get("agent", "triage", ns)["status"]["digest"]
+    calls = {c["tool"]: c for c in status["toolCalls"]}
+    assert {t: c["effect"] for t, c in calls.items()} == {
+        "lookup_customer": "ReadOnly", "refund_policy": "ReadOnly", "update_ticket": "Idempotent"}
+    seen = [json.loads(line.split("crm-mcp call ", 1)[1])
+            for line in pod_log(cluster, ns, "crm-mcp").splitlines() if "crm-mcp call " in line]
+    assert [c["tool"] for c in seen] == ["lookup_customer", "update_ticket"]
+    assert all(c["idempotencyKey"] == calls[c["tool"]]["idempotencyKey"] for c in seen)
+    token = hashlib.sha256(b"Bearer demo-token").hexdigest()
+    assert all(c["authorizationSha256"] == token for c in seen)
 
 
 def test_helm_upgrade_keeps_every_run(cluster: Cluster) -> None:

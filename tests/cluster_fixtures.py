@@ -41,7 +41,7 @@ def apply_crds(plane: ControlPlane, directory: Path = CRDS) -> None:
         "wait", "--for=condition=Established", "--timeout=60s",
         "crd/agentruns.agentrun.dev", "crd/agentrunreplays.agentrun.dev",
         "crd/agentrunapprovals.agentrun.dev",
-        "crd/agentrunschedules.agentrun.dev",
+        "crd/agentrunschedules.agentrun.dev", "crd/agents.agentrun.dev",
     )
 
 

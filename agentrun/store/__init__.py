@@ -20,9 +20,13 @@ Inputs (content-addressed snapshots)
     await get_input(engine, digest) -> Input | None
     await delete_input(engine, digest) -> bool
 
+Agent snapshots (content-addressed, never changed: agentrun.agents)
+    await put_agent(engine, snapshot) -> "sha256:<hex>"                    operator, idempotent
+    await get_agent(engine, digest) -> dict | None
+
 Runs and attempts (status: vocabulary.RunStatus)
     await record_run(engine, uid, namespace, name, agent, trigger, user_id, input_digest,
-                     replay_of=None) -> bool                               operator, idempotent
+                     replay_of=None, agent_digest=None) -> bool            operator, idempotent
     await start_attempt(engine, uid, attempt, session_id, pod_name)        operator, idempotent
     await record_pod(engine, uid, attempt, pod_uid)      operator: the attempt's pod exists
     await begin_attempt(engine, uid, attempt, app_name, user_id, session_id)     runner
@@ -97,6 +101,7 @@ Memory (agentrun.store.memory, with google-adk) and samples
 
 from agentrun.effects import args_digest
 from agentrun.ledger import LedgerEntry
+from agentrun.store.agent_snapshots import get_agent, put_agent
 from agentrun.store.approvals import (
     Approval,
     approvals_of,
@@ -222,6 +227,7 @@ __all__ = [
     "decide",
     "delete_input",
     "fork_session",
+    "get_agent",
     "get_attempt",
     "get_input",
     "get_outcome",
@@ -242,6 +248,7 @@ __all__ = [
     "pending_approval",
     "purge_expired_memory",
     "purge_old_events",
+    "put_agent",
     "put_input",
     "record_invocation",
     "record_outcome",

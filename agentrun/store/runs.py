@@ -51,6 +51,8 @@ class Run:
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    # The Agent snapshot the run pinned (agent_snapshots); None: an image agent.
+    agent_digest: str | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ def _run(row: Row[Any]) -> Run:
         replay_of=row.replay_of, status=row.status, reason=row.reason, message=row.message,
         attempts=row.attempts, tools_executed=row.tools_executed, created_at=row.created_at,
         started_at=row.started_at, finished_at=row.finished_at,
+        agent_digest=row.agent_digest,
     )
 
 
@@ -135,9 +138,11 @@ async def record_run(
     user_id: str,
     input_digest: str | None,
     replay_of: str | None = None,
+    agent_digest: str | None = None,
 ) -> bool:
-    """Writes the run down (status pending). Idempotent: an operator that restarts and
-    records the same uid again changes nothing. Returns whether the row was new."""
+    """Writes the run down (status pending), with the Agent snapshot it pinned, if it names
+    an Agent. Idempotent: an operator that restarts and records the same uid again changes
+    nothing (the first record's snapshot stands). Returns whether the row was new."""
     now = _now()
     async with engine.begin() as conn:
         result = await conn.execute(
@@ -145,7 +150,8 @@ async def record_run(
             .values(
                 uid=uid, namespace=namespace, name=name, agent=agent, trigger=trigger,
                 user_id=user_id, input_digest=input_digest, replay_of=replay_of,
-                status=RunStatus.PENDING, attempts=0, created_at=now, updated_at=now,
+                agent_digest=agent_digest, status=RunStatus.PENDING, attempts=0,
+                created_at=now, updated_at=now,
             )
             .on_conflict_do_nothing()
             .returning(runs.c.uid)

@@ -76,6 +76,8 @@ runs = Table(
     Column("trigger", String(32), nullable=False),
     Column("user_id", String(253), nullable=False),
     Column("input_digest", String(80)),
+    # The Agent snapshot the run pinned at launch (agent_snapshots); NULL: an image agent.
+    Column("agent_digest", String(80)),
     Column("replay_of", String(253)),
     Column("status", String(16), nullable=False, default=RunStatus.PENDING),
     Column("reason", String(64)),
@@ -167,6 +169,17 @@ input_files = Table(
     Column("name", String(255), primary_key=True),
     Column("content", LargeBinary, nullable=False),
     Column("size", BigInteger, nullable=False),
+)
+
+# Content-addressed Agent snapshots (agentrun.agents): an Agent with the Agents it names,
+# resolved at a run's launch. No Secret value is ever in one (headers name their Secret).
+agent_snapshots = Table(
+    "agent_snapshots",
+    metadata,
+    Column("digest", String(80), primary_key=True),
+    Column("root", String(253), nullable=False),
+    Column("snapshot", JSON, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
 )
 
 # Long-term memory, scoped per (agent, user).

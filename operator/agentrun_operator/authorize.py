@@ -6,16 +6,20 @@ requester of an AgentRunReplay (who the API server says created it: the annotati
 policy agentrun-replay-requester writes) is checked against the same things the policy
 agentrun-run-references checks for a creator: `get` on each Secret and ConfigMap the run
 names (input files and env), and `create` on pods when it sets spec.image or
-spec.serviceAccountName. `uses(spec)` is the pure list; `missing(...)` asks the authorizer
-(a SubjectAccessReview for each) and returns the sentence of the first refusal.
+spec.serviceAccountName. A run of an Agent also uses the Secrets its headers name: those
+of the snapshot the original pinned, which the replay run builds again (the policy
+agentrun-agent-references checked them for the Agent's author, not for the requester).
+`uses(spec, agent_secrets)` is the pure list; `missing(...)` asks the authorizer (a
+SubjectAccessReview for each) and returns the sentence of the first refusal.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentrun import agents
 from agentrun.vocabulary import ANNOTATION_REQUESTED_BY, ANNOTATION_REQUESTED_BY_GROUPS
 from agentrun_operator.kube import Kube
 
@@ -30,8 +34,10 @@ class Use:
     why: str  # where the run names it, for the message
 
 
-def uses(spec: Mapping[str, Any]) -> list[Use]:
-    """What a run of `spec` uses with the operator's rights, each once, in spec order."""
+def uses(spec: Mapping[str, Any],
+         agent_secrets: Sequence[agents.SecretRef] = ()) -> list[Use]:
+    """What a run of `spec` (and of the Agent snapshot whose Secret headers are
+    `agent_secrets`) uses with the operator's rights, each once, in spec order."""
     found: list[Use] = []
     for f in (spec.get("input") or {}).get("files") or []:
         for key, resource in (("secretKeyRef", "secrets"), ("configMapKeyRef", "configmaps")):
@@ -44,6 +50,8 @@ def uses(spec: Mapping[str, Any]) -> list[Use]:
             if source.get(key):
                 found.append(Use("get", resource, str(source[key]["name"]),
                                  f"env var {e.get('name')}"))
+    for ref in agent_secrets:
+        found.append(Use("get", "secrets", ref.secret, ref.where))
     for field in ("image", "serviceAccountName"):
         if spec.get(field):
             found.append(Use("create", "pods", "", f"spec.{field}"))
@@ -85,9 +93,10 @@ def refusal(requester: Requester, use: Use, namespace: str, run_name: str) -> st
             "someone who may to request the replay.")
 
 
-async def missing(kube: Kube, replay: Mapping[str, Any],
-                  original: Mapping[str, Any]) -> str | None:
-    """Why the requester of `replay` may not have it run `original` again, or None."""
+async def missing(kube: Kube, replay: Mapping[str, Any], original: Mapping[str, Any],
+                  agent_secrets: Sequence[agents.SecretRef] = ()) -> str | None:
+    """Why the requester of `replay` may not have it run `original` again (with the
+    Secret headers of the Agent snapshot it pinned), or None."""
     meta = replay["metadata"]
     namespace = meta["namespace"]
     run_name = original["metadata"]["name"]
@@ -97,7 +106,7 @@ async def missing(kube: Kube, replay: Mapping[str, Any],
                 f"annotation {ANNOTATION_REQUESTED_BY}, written at admission by the policy "
                 "agentrun-replay-requester): install the admission policies (make install), "
                 "then create the replay again.")
-    for use in uses(original.get("spec") or {}):
+    for use in uses(original.get("spec") or {}, agent_secrets):
         if not await kube.may(requester.user, requester.groups, use.verb, use.resource,
                               namespace, use.name):
             return refusal(requester, use, namespace, run_name)

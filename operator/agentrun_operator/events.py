@@ -32,12 +32,13 @@ def configure(api: client.ApiClient | None) -> None:
 
 
 def post(obj: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
-    """Posts an Event on one of our objects (its kind, else told apart by its spec)."""
+    """Posts an Event on one of our objects (its kind, else an AgentRun or AgentRunReplay
+    told apart by its spec)."""
     if _core is None:
         return
     meta = obj["metadata"]
-    kind = obj.get("kind") or (REPLAY_KIND if "runName" in (obj.get("spec") or {})
-                               else RUN_KIND)
+    kind = str(obj.get("kind") or (
+        REPLAY_KIND if "runName" in (obj.get("spec") or {}) else RUN_KIND))
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     body = {
         "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},

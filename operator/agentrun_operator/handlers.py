@@ -27,6 +27,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from agentrun import store
 from agentrun.vocabulary import (
+    AGENT_PLURAL,
     APPROVAL_PLURAL,
     GROUP,
     LABEL_RUN,
@@ -38,6 +39,7 @@ from agentrun.vocabulary import (
     ReplayPhase,
 )
 from agentrun_operator import events, metrics, retention, startup_checks, usage
+from agentrun_operator.agents import reconcile_agent, slim_agent
 from agentrun_operator.approval import reconcile_approval
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.informer import Informer, Informers, key_of
@@ -216,11 +218,16 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
             await list_schedule_runs(ctx, named, watched)
             memo.workers = [asyncio.create_task(work(ctx, {"replay": reconcile_replay,
                                                            "approval": reconcile_approval,
-                                                           "schedule": reconcile_schedule}))
+                                                           "schedule": reconcile_schedule,
+                                                           "agent": reconcile_agent}))
                             for _ in range(running.workers)]
             memo.workers.append(asyncio.create_task(retention.purge_daily(ctx)))
             memo.workers.append(asyncio.create_task(usage.watch(ctx)))
             resync_all(ctx)
+            # Agents once when leading starts, not on every resync: their watch events and
+            # their own recheck (a missing Secret) keep them current.
+            for namespace, name in list(ctx.agents):
+                ctx.queue.add(("agent", namespace, name))
 
         async def step_down() -> None:
             for task in memo.workers:
@@ -282,6 +289,17 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
     @kopf.on.event(GROUP, VERSION, SCHEDULE_PLURAL, registry=registry)
     async def schedule_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         _observe(memo.ctx, memo.ctx.schedules, "schedule", type, body, _whole)
+
+    @kopf.on.event(GROUP, VERSION, AGENT_PLURAL, registry=registry)
+    async def agent_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        ctx = memo.ctx
+        _observe(ctx, ctx.agents, "agent", type, body, slim_agent)
+        # A parent's digest covers its sub-agents, and a deleted sub-agent makes its parent
+        # invalid: every Agent of the namespace is looked at again (they are few).
+        namespace = body.metadata.namespace or ""
+        for (ns, name) in list(ctx.agents):
+            if ns == namespace:
+                ctx.queue.add(("agent", ns, name))
 
     return registry
 

@@ -16,7 +16,14 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from agentrun.vocabulary import GROUP, REPLAY_PLURAL, RUN_PLURAL, SCHEDULE_PLURAL, VERSION
+from agentrun.vocabulary import (
+    AGENT_PLURAL,
+    GROUP,
+    REPLAY_PLURAL,
+    RUN_PLURAL,
+    SCHEDULE_PLURAL,
+    VERSION,
+)
 
 
 class InputMissing(Exception):
@@ -136,6 +143,24 @@ class Kube:
             self.custom.list_cluster_custom_object, GROUP, VERSION, RUN_PLURAL,
             label_selector=label_selector, _preload_content=False)
         return list(_json(response).get("items") or [])
+
+    async def list_agents(self, namespace: str) -> list[dict[str, Any]]:
+        """The Agents of a namespace, as they are now (none where the kind is not served:
+        an install from before Agents)."""
+        try:
+            response = await asyncio.to_thread(
+                self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace,
+                AGENT_PLURAL, _preload_content=False)
+        except ApiException as e:
+            if e.status == 404:
+                return []
+            raise
+        return list(_json(response).get("items") or [])
+
+    async def secret_keys(self, namespace: str, name: str) -> set[str] | None:
+        """The keys of a Secret (None: it does not exist); its values are not kept."""
+        found = await self._read(self.core.read_namespaced_secret, name, namespace)
+        return None if found is None else set((found.get("data") or {}).keys())
 
     async def patch_run_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         await self._patch_status(RUN_PLURAL, namespace, name, status)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentrun.vocabulary import (
@@ -56,8 +56,13 @@ def runner_pod(
     session_id: str,
     input_digest: str,
     config: OperatorConfig,
+    *,
+    agent_digest: str | None = None,
+    agent_env: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """The pod manifest of attempt `attempt` of the AgentRun `run`."""
+    """The pod manifest of attempt `attempt` of the AgentRun `run`; `agent_digest`, the
+    Agent snapshot it pinned (None: an image agent), whose Secret headers are `agent_env`
+    (agentrun.agents.secret_env)."""
     meta, spec = run["metadata"], run.get("spec") or {}
     name = pod_name(meta["name"], attempt)
     labels = {LABEL_RUN: meta["name"], LABEL_ATTEMPT: str(attempt)}
@@ -83,11 +88,14 @@ def runner_pod(
         RunnerEnv.TOOLS: json.dumps(spec.get("tools") or [], separators=(",", ":")),
         RunnerEnv.LIMITS: json.dumps(spec.get("limits") or {}, separators=(",", ":")),
         RunnerEnv.MODEL_PRICES: config.model_prices,
+        RunnerEnv.AGENT_DIGEST: agent_digest or "",
     }
     # The user's env first, ours last: a later duplicate wins, so a run cannot pass
     # itself off as another run (the store API checks its token anyway), nor turn the
     # scripted model on for itself.
-    env = [*list(spec.get("env") or []),
+    # The Agent's Secret headers after the user's env too: a run names an Agent, it never
+    # sets what that Agent's headers carry.
+    env = [*list(spec.get("env") or []), *[dict(e) for e in agent_env],
            *[{"name": k, "value": v} for k, v in {**config.extra_runner_env, **identity}.items()]]
 
     container: dict[str, Any] = {

@@ -40,7 +40,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from agentrun import effects, store
+from agentrun import agents, effects, store
 from agentrun.vocabulary import (
     ANNOTATION_CANCEL,
     ANNOTATION_CANCEL_NOTE,
@@ -56,6 +56,7 @@ from agentrun.vocabulary import (
 )
 from agentrun_operator import events, metrics
 from agentrun_operator import status as st
+from agentrun_operator.agents import pin as agent_pin
 from agentrun_operator.classify import Outcome, classify
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.decide import (
@@ -125,6 +126,7 @@ class Context:
     # Whether every run of a schedule was listed since this replica started leading: until
     # then, a schedule asks the API server for its runs before it starts one.
     schedule_runs_listed: bool = False
+    agents: dict[Key, dict[str, Any]] = field(default_factory=dict)
     pods: Informer | Informers | None = None
     nodes: Informer | None = None
     # Pods we created and the pod informer has not shown yet: (namespace, pod) -> when.
@@ -292,7 +294,15 @@ async def _launch(ctx: Context, run: Mapping[str, Any]) -> float | None:
     # The snapshot's digest as the store recorded it, never as a status shows it.
     recorded = await store.get_run(ctx.engine, meta["uid"])
     digest = recorded.input_digest if recorded is not None else None
+    agent_digest = recorded.agent_digest if recorded is not None else None
     if not digest:
+        # The Agent first: a definition that cannot run refuses the run before its input
+        # is copied. Pinned once, with the input: every attempt, resume and replay of the
+        # run builds this snapshot, whatever the Agent says later.
+        pinned = await agent_pin(ctx, run)
+        if pinned.refusal is not None:
+            return await _refuse(ctx, run, 1, *pinned.refusal)
+        agent_digest = pinned.digest
         full = run
         if "input" not in spec:  # a copy made without it: read the run itself
             found = await ctx.kube.read_run(meta["namespace"], meta["name"])
@@ -315,20 +325,25 @@ async def _launch(ctx: Context, run: Mapping[str, Any]) -> float | None:
             return ctx.queue.failed(("run", meta["namespace"], meta["name"]))
         if digest is None:
             return await _refuse(ctx, run, 1, Reason.INPUT_UNAVAILABLE, _replay_gone(spec))
-        await _record_run(ctx, run, digest)
-    events.post(run, Reason.CREATED, f"Input snapshotted as {digest}; run recorded.")
+        await _record_run(ctx, run, digest, agent_digest)
+    pinned_too = f" and the Agent as {agent_digest}" if agent_digest else ""
+    events.post(run, Reason.CREATED,
+                f"Input snapshotted as {digest}{pinned_too}; run recorded.")
+    launching = {"inputDigest": digest, **({"agentDigest": agent_digest} if agent_digest
+                                            else {})}
     # Straight on to the first pod: its status write says both (one write, not two).
     return await _start_attempt(ctx, run, current_attempt(run.get("status") or {}),
-                                launching={"inputDigest": digest}, digest=digest)
+                                launching=launching, digest=digest)
 
 
-async def _record_run(ctx: Context, run: Mapping[str, Any], digest: str | None) -> None:
+async def _record_run(ctx: Context, run: Mapping[str, Any], digest: str | None,
+                      agent_digest: str | None = None) -> None:
     """The run's row in the store (idempotent): written before anything runs."""
     meta, spec = run["metadata"], run.get("spec") or {}
     await store.record_run(
         ctx.engine, meta["uid"], meta["namespace"], meta["name"], spec["agent"],
         spec.get("trigger") or "manual", spec.get("userId") or DEFAULT_USER_ID, digest,
-        replay_of=spec.get("replayOf"))
+        replay_of=spec.get("replayOf"), agent_digest=agent_digest)
 
 
 async def _snapshot(ctx: Context, run: Mapping[str, Any]) -> str | None:
@@ -509,11 +524,19 @@ async def _start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int,
             f"Session {session} in namespace {meta['namespace']} belongs to "
             f"{claim.owned_by}; only chat turns of the same agent and userId continue it. "
             "Use another sessionId. No pod was started.")))
+    recorded = await store.get_run(ctx.engine, meta["uid"])
     if not digest:
-        recorded = await store.get_run(ctx.engine, meta["uid"])
         digest = recorded.input_digest if recorded is not None else None
     if not digest:
         return await _launch(ctx, run)
+    # The pinned Agent's Secret headers become env from those Secrets (valueFrom: the
+    # kubelet puts the values in, the operator never reads them).
+    agent_digest = recorded.agent_digest if recorded is not None else None
+    snapshot = await store.get_agent(ctx.engine, agent_digest) if agent_digest else None
+    if agent_digest and snapshot is None:
+        return await _finish(ctx, run, attempt, Outcome(Phase.FAILED, Reason.AGENT_NOT_FOUND, (
+            f"The Agent snapshot {agent_digest} this run pinned is gone from the run store; "
+            "no pod was started.")))
     await store.start_attempt(ctx.engine, meta["uid"], attempt, session, name, resumes,
                               resumes_run)
     account = spec.get("serviceAccountName")
@@ -523,8 +546,9 @@ async def _start_attempt(ctx: Context, run: Mapping[str, Any], attempt: int,
                                               ctx.config.runner_service_account)
         ctx.service_accounts.add((meta["namespace"], ctx.config.runner_service_account))
     try:
-        created = await ctx.kube.create_pod(runner_pod(run, attempt, session, digest,
-                                                       ctx.config))
+        created = await ctx.kube.create_pod(runner_pod(
+            run, attempt, session, digest, ctx.config, agent_digest=agent_digest,
+            agent_env=agents.secret_env(snapshot) if snapshot is not None else ()))
     except ApiException as e:
         return await _create_refused(ctx, run, attempt, name, e, launching)
     if created is not None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import store
+from agentrun import agents, store
 from agentrun.vocabulary import (
     ANNOTATION_INPUT_DIGEST,
     API_VERSION,
@@ -152,7 +152,8 @@ async def reconcile(ctx: Context, replay: Mapping[str, Any]) -> float | None:
     recorded = await store.get_replay_approval(ctx.engine, meta["uid"])
     # Asked of the authorizer while undecided: once approved, the approval stands.
     unauthorized = None if recorded is not None or original is None else \
-        await authorize.missing(ctx.kube, replay, original)
+        await authorize.missing(ctx.kube, replay, original,
+                                await _agent_secrets(ctx, original))
 
     def decide_now(already_replayed_by: str | None) -> Decision:
         """The plain replay's table, or the resume's (spec.resume)."""
@@ -280,6 +281,16 @@ async def _claim(
         claim = await record(decision)
         return Decision(ReplayPhase.APPROVED, claim.approval.reason, claim.approval.message)
     return decision
+
+
+async def _agent_secrets(ctx: Context, original: Mapping[str, Any]) -> list[agents.SecretRef]:
+    """The Secret headers of the Agent snapshot the original pinned (none for an image
+    agent, or a snapshot gone: its replay run then fails AgentNotFound before any pod)."""
+    recorded = await store.get_run(ctx.engine, original["metadata"]["uid"])
+    if recorded is None or not recorded.agent_digest:
+        return []
+    snapshot = await store.get_agent(ctx.engine, recorded.agent_digest)
+    return agents.secret_refs(snapshot) if snapshot is not None else []
 
 
 class NotOurRun(Exception):

@@ -177,6 +177,8 @@ NOT_RETRIED = frozenset({
     Reason.DEADLINE_EXCEEDED, Reason.INPUT_UNAVAILABLE, Reason.STALE,
     Reason.IMAGE_PULL_FAILED, Reason.MODEL_NOT_ALLOWED, Reason.POD_INVALID,
     Reason.SESSION_BUSY, Reason.SESSION_NOT_OWNED,
+    # The run pinned its agent at launch: another attempt builds the same one.
+    Reason.AGENT_NOT_FOUND, Reason.AGENT_INVALID,
 })
 
 

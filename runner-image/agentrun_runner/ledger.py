@@ -19,6 +19,7 @@ import itertools
 import json
 import os
 from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from google.adk.plugins.base_plugin import BasePlugin
@@ -46,6 +47,12 @@ if TYPE_CHECKING:
     from google.adk.agents.invocation_context import InvocationContext
     from google.adk.tools.tool_context import ToolContext
     from google.genai import types
+
+
+# The idempotency key of the call the ledger is letting run now, in that call's own task
+# (ADK runs each call in a task of its own, with what its before-tool callbacks set): what
+# an MCP toolset sends as Idempotency-Key (declarative.call_key_header).
+CALL_KEY: ContextVar[str | None] = ContextVar("agentrun_call_key", default=None)
 
 
 class LedgerWriteFailed(RuntimeError):
@@ -158,6 +165,7 @@ class WriteAheadLedger(BasePlugin):
             self._failures.append(failure)
             raise failure from e
         self._open[id(tool_context)] = seq
+        CALL_KEY.set(key)
         logs.info("tool.start", tool=tool.name, seq=seq, call_id=call_id, effect=effect)
         return None
 
@@ -227,6 +235,7 @@ class WriteAheadLedger(BasePlugin):
     async def _close(self, tool: BaseTool, tool_context: ToolContext, outcome: str,
                      result: Any) -> None:
         seq = self._open.pop(id(tool_context), None)
+        CALL_KEY.set(None)
         if seq is None:
             return
         logs.info("tool.end", tool=tool.name, seq=seq, outcome=outcome)

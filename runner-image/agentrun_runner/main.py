@@ -89,6 +89,8 @@ class RunnerConfig:
     # spec.limits, and the operator's modelPrices (model -> Price).
     limits: Limits = field(default_factory=Limits)
     model_prices: dict[str, Price] = field(default_factory=dict)
+    # The Agent snapshot the run pinned (None: an agent of the image's agents directory).
+    agent_digest: str | None = None
 
 
 class UsageError(ValueError):
@@ -171,6 +173,7 @@ def parse_config(argv: Sequence[str] | None, environ: dict[str, str]) -> RunnerC
         tool_approvals=_tool_approvals(environ.get(RunnerEnv.TOOLS) or ""),
         limits=_limits(environ.get(RunnerEnv.LIMITS) or ""),
         model_prices=_prices(environ.get(RunnerEnv.MODEL_PRICES) or ""),
+        agent_digest=environ.get(RunnerEnv.AGENT_DIGEST) or None,
     )
 
 
@@ -305,7 +308,6 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
     from google.adk.runners import Runner
     from google.genai import types
 
-    from agentrun_runner.agents import load_agent
     from agentrun_runner.compaction import CompactionPlugin
     from agentrun_runner.ledger import WriteAheadLedger
     from agentrun_runner.retries import CallWatch, ModelRetries
@@ -338,7 +340,8 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
     try:
         if config.model == SCRIPTED_MODEL and not config.allow_scripted_model:
             raise PermissionError(SCRIPTED_REFUSED_MESSAGE)
-        root_agent = load_agent(config.agents_dir, config.agent)
+        loaded = await _load(config, client)
+        root_agent = loaded.root
         watch = CallWatch()
         override: BaseLlm | None = None
         if config.model == SCRIPTED_MODEL:
@@ -355,6 +358,9 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
             if isinstance(agent, LlmAgent):
                 model = override or agent.canonical_model
                 agent.model = models[agent.name] = model
+    except NotLoaded as e:
+        await _report(client, e.failure)
+        return _refuse(e.failure.code, "agent.load_failed", e.failure.message)
     except Exception as e:
         failure = Failure(
             RunnerExit.AGENT_ERROR, Reason.AGENT_ERROR,
@@ -362,6 +368,9 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
         )
         await _report(client, failure)
         return _refuse(failure.code, "agent.load_failed", failure.message)
+    # An Agent's rules under the run's own spec.tools, tool by tool.
+    tool_effects = {**_tool_effects(json.dumps(loaded.rules)), **config.tool_effects}
+    tool_approvals = {**_tool_approvals(json.dumps(loaded.rules)), **config.tool_approvals}
 
     why = unpriced(config.limits, sorted({str(m.model) for m in models.values()}),
                    config.model_prices)
@@ -369,13 +378,31 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
         failure = Failure(RunnerExit.PRICE_UNKNOWN, Reason.PRICE_UNKNOWN, why)
         await _report(client, failure)
         return _refuse(failure.code, "price.unknown", failure.message)
+    if loaded.built is not None:
+        # Before the first model call: a server that is down fails the run, nothing run.
+        from agentrun_runner import declarative
+
+        try:
+            await declarative.check_servers(loaded.built)
+        except (declarative.ToolServerUnavailable, declarative.AgentInvalid) as e:
+            unavailable = isinstance(e, declarative.ToolServerUnavailable)
+            failure = Failure(
+                RunnerExit.TOOL_SERVER_UNAVAILABLE if unavailable else RunnerExit.AGENT_INVALID,
+                Reason.TOOL_SERVER_UNAVAILABLE if unavailable else Reason.AGENT_INVALID,
+                f"Agent {config.agent}: {e}" if unavailable else
+                f"Agent {config.agent} cannot be built in this runner: {e}. No tool was "
+                "called.")
+            for server in loaded.built.servers:
+                await server.toolset.close()
+            await _report(client, failure)
+            return _refuse(failure.code, "agent.servers_failed", failure.message)
     budget = Budget(config.limits, Counted.of(me.usage), config.model_prices)
     sessions = StoreSessionService(client, watch.failures)
     memory = StoreMemoryService(client)
     journal = await client.journal() if me.resume_invocation else {}
     ledger = WriteAheadLedger(client, watch.failures, root_run_uid=me.root_run_uid,
-                              overrides=config.tool_effects, journal=journal, budget=budget,
-                              approvals=config.tool_approvals, decisions=me.decisions)
+                              overrides=tool_effects, journal=journal, budget=budget,
+                              approvals=tool_approvals, decisions=me.decisions)
     runner = Runner(
         app=App(
             name=config.agent,
@@ -451,6 +478,60 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
     await _record_result(client, root_agent, answer)
     await _report(client, None)
     return RunnerExit.SUCCESS
+
+
+class NotLoaded(Exception):
+    """The agent could not be had, for one of the runner's own reasons (`failure`)."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+@dataclass
+class Loaded:
+    """The agent of the attempt: its root, and for an Agent snapshot what was built from
+    it (its MCP servers) and its effect and approval rules (agentrun.agents.tool_rules)."""
+
+    root: Any
+    built: Any = None
+    rules: list[dict[str, Any]] = field(default_factory=list)
+
+
+async def _load(config: RunnerConfig, client: StoreClient) -> Loaded:
+    """The Agent snapshot the run pinned, built; else the image's agent directory.
+    Raises NotLoaded with AgentNotFound or AgentInvalid and what to do."""
+    from agentrun import agents
+    from agentrun_runner import declarative
+    from agentrun_runner.agents import AgentNotFound, load_agent
+
+    if not config.agent_digest:
+        try:
+            return Loaded(load_agent(config.agents_dir, config.agent))
+        except AgentNotFound as e:
+            raise NotLoaded(Failure(RunnerExit.AGENT_NOT_FOUND, Reason.AGENT_NOT_FOUND, (
+                f"There was no Agent {config.agent} in namespace {config.namespace} when the "
+                f"run was created, and the runner image has no agent directory of that name "
+                f"({e}). Create the Agent (or name an agent of the image), then create the "
+                "run again; no tool was called."))) from e
+    pinned = await client.agent()
+    if pinned is None:
+        raise NotLoaded(Failure(RunnerExit.AGENT_NOT_FOUND, Reason.AGENT_NOT_FOUND, (
+            f"The Agent snapshot {config.agent_digest} this run pinned is not in the run "
+            "store; no tool was called.")))
+    if pinned.get("digest") != config.agent_digest:
+        logs.warning("agent.digest_mismatch", env=config.agent_digest,
+                     store=pinned.get("digest"))
+    snapshot = dict(pinned.get("snapshot") or {})
+    try:
+        built = declarative.build(snapshot, os.environ, config.agents_dir)
+    except declarative.AgentInvalid as e:
+        raise NotLoaded(Failure(RunnerExit.AGENT_INVALID, Reason.AGENT_INVALID, (
+            f"Agent {config.agent} cannot be built in this runner: {e}. No tool was "
+            "called."))) from e
+    logs.info("agent.built", digest=pinned.get("digest"), agents=len(snapshot.get(
+        "agents") or {}), mcp_servers=len(built.servers))
+    return Loaded(built.root, built, agents.tool_rules(snapshot))
 
 
 def structured(agent: Any, answer: str) -> Any:

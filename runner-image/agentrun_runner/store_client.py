@@ -228,6 +228,11 @@ class StoreClient:
         return Snapshot(digest=data["digest"], text=data["text"],
                         files={n: base64.b64decode(c) for n, c in data["files"].items()})
 
+    async def agent(self) -> dict[str, Any] | None:
+        """The Agent snapshot this run pinned (agentrun.agents), or None."""
+        data = await self.request("GET", "/v1/agent", missing_ok=True)
+        return None if data is None else dict(data)
+
     # -- the ledger ------------------------------------------------------------------------
 
     async def open_call(self, seq: int, tool: str, call_id: str | None, digest: str,

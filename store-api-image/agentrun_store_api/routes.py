@@ -62,6 +62,7 @@ ROUTES = (
     Route("invocation", "POST", "/v1/attempt/invocation"),
     Route("outcome", "POST", "/v1/attempt/outcome"),
     Route("input", "GET", "/v1/input"),
+    Route("agent", "GET", "/v1/agent"),
     Route("create_session", "POST", "/v1/sessions"),
     Route("list_sessions", "GET", "/v1/sessions"),
     Route("get_session", "GET", "/v1/sessions/{session}"),
@@ -308,6 +309,17 @@ class Routes:
             raise Refused(404, message)
         return {"digest": snapshot.digest, "text": snapshot.text,
                 "files": {n: base64.b64encode(c).decode() for n, c in snapshot.files.items()}}
+
+    async def agent(self, _: web.Request, caller: Caller) -> dict[str, Any]:
+        """The Agent snapshot the run pinned at launch (from the store's record of the run
+        the token speaks for, never from anything the runner says)."""
+        run = await store.get_run(self.engine, caller.run_uid)
+        digest = run.agent_digest if run is not None else None
+        snapshot = await store.get_agent(self.engine, digest) if digest else None
+        if snapshot is None:
+            raise Refused(404, f"run {caller.run_name} pinned no Agent snapshot"
+                          + (f" ({digest} is not in the run store)" if digest else ""))
+        return {"digest": digest, "snapshot": snapshot}
 
     # -- its session -------------------------------------------------------------------
 

@@ -103,6 +103,14 @@ PHASES = {
         "suspended": ("Suspended", kstatus.CURRENT),
         "invalid": ("Degraded", kstatus.FAILED),
     },
+    # docs/agents.md: Ready, or Stalled with the reason (the definition, or a Secret).
+    "agentrun.dev/Agent": {
+        "created": ("Progressing", kstatus.CURRENT),
+        "valid": ("Healthy", kstatus.CURRENT),
+        "invalid": ("Degraded", kstatus.FAILED),
+        "secret-missing": ("Degraded", kstatus.FAILED),
+        "unobserved": ("Progressing", kstatus.IN_PROGRESS),
+    },
 }
 
 

@@ -15,7 +15,8 @@ from tests.cluster.kube import Kubectl, stored
 pytestmark = pytest.mark.cluster
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
-SAMPLE_FILES = sorted([*SAMPLES.glob("*.yaml"), *SAMPLES.glob("*/agentrun*.yaml")])
+SAMPLE_FILES = sorted([*SAMPLES.glob("*.yaml"), *SAMPLES.glob("*/agentrun*.yaml"),
+                       *SAMPLES.glob("*/agent.yaml")])
 
 
 def _ours(path: Path) -> list[dict[str, Any]]:

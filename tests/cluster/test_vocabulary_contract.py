@@ -33,7 +33,8 @@ def _run_spec() -> dict[str, Any]:
 
 
 def test_crd_names_match_the_vocabulary() -> None:
-    for kind, plural in [(v.RUN_KIND, v.RUN_PLURAL), (v.REPLAY_KIND, v.REPLAY_PLURAL)]:
+    for kind, plural in [(v.RUN_KIND, v.RUN_PLURAL), (v.REPLAY_KIND, v.REPLAY_PLURAL),
+                         (v.AGENT_KIND, v.AGENT_PLURAL)]:
         crd = _one("CustomResourceDefinition", f"{plural}.{v.GROUP}")
         assert crd["spec"]["group"] == v.GROUP
         assert crd["spec"]["names"]["kind"] == kind
@@ -128,7 +129,8 @@ def test_every_policy_is_bound() -> None:
         if d["kind"] == "ValidatingAdmissionPolicyBinding"
     }
     assert policies == {"agentrun-force-replay", "agentrun-replay-of", "agentrun-run-references",
-                        "agentrun-replay-requester", "agentrun-approver"}
+                        "agentrun-replay-requester", "agentrun-approver",
+                        "agentrun-agent-references"}
     assert bindings == {p: ["Deny"] for p in policies}
     mutating = {d["metadata"]["name"] for d in _docs() if d["kind"] == "MutatingAdmissionPolicy"}
     mutating_bound = {d["spec"]["policyName"] for d in _docs()

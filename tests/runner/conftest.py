@@ -97,6 +97,7 @@ class Run:
     session_id: str | None = None
     namespace: str = ""
     identities: dict[int, Identity] = field(default_factory=dict)
+    agent_digest: str | None = None
 
     def session_for(self, attempt: int) -> str:
         return self.session_id or f"{self.uid}-{attempt}"
@@ -128,9 +129,10 @@ def prepare_run(
     trigger: str = "manual",
     files: dict[str, bytes] | None = None,
     namespace: str | None = None,
+    agent_snapshot: dict[str, Any] | None = None,
 ) -> Run:
-    """An AgentRun, then put_input + record_run + start_attempt(1) and its pod, as the
-    operator does."""
+    """An AgentRun, then put_input + record_run (with the Agent snapshot it pins, if any)
+    + start_attempt(1) and its pod, as the operator does."""
     ns = namespace or world().namespace
     name, uid = world().agent_run(tag, agent=agent, user_id=user_id, session_id=session_id,
                                   namespace=ns)
@@ -139,7 +141,10 @@ def prepare_run(
     async def go(engine: AsyncEngine) -> str:
         digest = await store.put_input(engine, text, files or {},
                                       key=await store.installation_key(engine))
-        await store.record_run(engine, uid, ns, run.name, agent, trigger, user_id, digest)
+        pinned = await store.put_agent(engine, agent_snapshot) if agent_snapshot else None
+        run.agent_digest = pinned
+        await store.record_run(engine, uid, ns, run.name, agent, trigger, user_id, digest,
+                               agent_digest=pinned)
         await store.start_attempt(engine, uid, 1, run.session_for(1), f"{run.name}-1")
         return digest
 
@@ -170,6 +175,7 @@ def runner_env(run: Run, script: list[dict[str, Any]] | None, attempt: int = 1,
         RunnerEnv.SESSION_ID: run.session_for(attempt),
         RunnerEnv.INPUT_DIGEST: run.digest,
         RunnerEnv.TRIGGER: "chat" if run.session_id else "manual",
+        RunnerEnv.AGENT_DIGEST: run.agent_digest or "",
     })
     if script is not None:
         env[RunnerEnv.MODEL] = SCRIPTED_MODEL

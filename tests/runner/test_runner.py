@@ -311,9 +311,12 @@ def test_input_gone_fails_before_the_agent_starts(pg_store: str) -> None:
 def test_unknown_agent_fails_with_its_name(pg_store: str) -> None:
     run = prepare_run(pg_store, "noagent-1", agent="no-such-agent")
     done = run_runner(run, [{"text": "hi"}])
-    assert done.returncode == RunnerExit.AGENT_ERROR
+    assert done.returncode == RunnerExit.AGENT_NOT_FOUND, explain(done)
     got = outcome(run)
-    assert got is not None and got.message and "no-such-agent" in got.message
+    assert got is not None and got.reason == Reason.AGENT_NOT_FOUND
+    assert got.message and "no Agent no-such-agent in namespace" in got.message
+    assert "no agent 'no-such-agent' in" in got.message  # where the image was looked in
+    assert tools(run) == []
 
 
 def test_noop_agent_answers_without_tools(sqlite_store: str) -> None:

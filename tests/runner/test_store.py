@@ -66,6 +66,28 @@ def test_record_run_and_start_attempt_are_idempotent(any_store: str) -> None:
     query(any_store, go)
 
 
+def test_agent_snapshots_are_content_addressed_and_pinned_by_the_run(any_store: str) -> None:
+    async def go(e: AsyncEngine) -> None:
+        snapshot = {"root": "triage", "agents": {"triage": {"model": "m", "instruction": "é"}}}
+        digest = await store.put_agent(e, snapshot)
+        assert digest == await store.put_agent(e, {"agents": snapshot["agents"],
+                                                    "root": "triage"})
+        assert digest.startswith("sha256:") and len(digest) == 7 + 64
+        assert await store.get_agent(e, digest) == snapshot
+        assert await store.get_agent(e, "sha256:" + "0" * 64) is None
+        args = ("u9", "support", "t-1", "triage", "manual", "alice", "hmac-sha256:ab")
+        assert await store.record_run(e, *args, agent_digest=digest)
+        # A second record (an operator restart) never changes the pinned snapshot.
+        assert not await store.record_run(e, *args, agent_digest="sha256:other")
+        run = await store.get_run(e, "u9")
+        assert run is not None and run.agent_digest == digest
+        assert await store.record_run(e, "u10", *args[1:])
+        plain = await store.get_run(e, "u10")
+        assert plain is not None and plain.agent_digest is None  # an image agent
+
+    query(any_store, go)
+
+
 def test_settle_first_writer_wins(any_store: str) -> None:
     async def go(e: AsyncEngine) -> None:
         await store.record_run(e, "u2", "ns", "r2", "support-agent", "manual", "bob", None)

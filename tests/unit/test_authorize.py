@@ -7,6 +7,7 @@ import pytest
 from agentrun_operator.authorize import Requester, Use, refusal, requester_of, uses
 from agentrun_operator.decide import Journal, Original, decide, decide_resume
 
+from agentrun import agents
 from agentrun.vocabulary import (
     ANNOTATION_REQUESTED_BY,
     ANNOTATION_REQUESTED_BY_GROUPS,
@@ -37,6 +38,20 @@ def test_uses_lists_each_secret_configmap_and_pod_right_once_in_spec_order() -> 
         Use("get", "configmaps", "notes", "input file 'notes.txt'"),
         Use("get", "secrets", "openai", "env var OPENAI_API_KEY"),
         Use("create", "pods", "", "spec.image"),
+    ]
+
+
+def test_a_run_of_an_agent_also_uses_the_secrets_of_the_snapshot_it_pinned() -> None:
+    snapshot = {"root": "triage", "agents": {"triage": {"mcpServers": [
+        {"name": "crm", "url": "http://crm", "headers": [
+            {"name": "Authorization", "valueFrom": {"secretKeyRef": {"name": "crm",
+                                                                      "key": "token"}}},
+            {"name": "X-Again", "valueFrom": {"secretKeyRef": {"name": "openai",
+                                                                "key": "other"}}}]}]}}}
+    assert uses({**SPEC, "image": None, "serviceAccountName": None},
+                agents.secret_refs(snapshot))[-2:] == [
+        Use("get", "secrets", "openai", "env var OPENAI_API_KEY"),  # named once, where first
+        Use("get", "secrets", "crm", "Agent triage mcpServers crm header Authorization"),
     ]
 
 

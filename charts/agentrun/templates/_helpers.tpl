@@ -76,6 +76,14 @@ per namespace of operator.namespaces, or a ClusterRole when it is empty).
 - apiGroups: [agentrun.dev]
   resources: [agentruns/status, agentrunreplays/status, agentrunschedules/status]
   verbs: [get, patch, update]
+# Agents: watched (and listed at a run's launch), and their status written; never created
+# or changed: people define them.
+- apiGroups: [agentrun.dev]
+  resources: [agents]
+  verbs: [get, list, watch]
+- apiGroups: [agentrun.dev]
+  resources: [agents/status]
+  verbs: [get, update]
 # Approvals: watched, and their verdict written (never created: people decide).
 - apiGroups: [agentrun.dev]
   resources: [agentrunapprovals]

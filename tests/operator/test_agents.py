@@ -1,0 +1,329 @@
+"""Declarative agents end to end: Agents reconciled by the operator, runs that pin their
+snapshot at launch, real runners calling a real MCP server (the `mcp` SDK's FastMCP over
+streamable HTTP, samples/declarative/crm_mcp.py, started by the test) through the ledger,
+evictions and resumes, replays of a run whose Agent changed since, two namespaces, and
+the admission of an Agent's Secrets."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agentrun_devtools.processes import wait_for
+
+from agentrun import agents, effects, store
+from agentrun.vocabulary import (
+    ANNOTATION_FORCE_REPLAY,
+    GROUP,
+    VERSION,
+    AgentReason,
+    Condition,
+    Phase,
+    Reason,
+    ReplayReason,
+)
+from tests import kstatus
+from tests.harness import System, agent_run, in_namespace
+from tests.mcp_server import CrmServer, crm_server
+
+AGENTS = f"agents.{GROUP}"
+LOOKUP = [{"call": "lookup_customer", "args": {"customer": "42"}},
+          {"text": "Ada Lovelace is on the pro plan."}]
+RESUME = {"maxAttempts": 2, "resume": True}
+
+
+@pytest.fixture
+def crm(tmp_path: Path) -> Iterator[CrmServer]:
+    with crm_server(tmp_path / "crm") as server:
+        yield server
+
+
+def agent(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Agent",
+            "metadata": {"name": name}, "spec": spec}
+
+
+def triage(url: str, **spec: Any) -> dict[str, Any]:
+    return agent("triage", **{"description": "Answers customer refund requests",
+                              "instruction": "Look the customer up before you answer.",
+                              "mcpServers": [{"name": "crm", "url": url}], **spec})
+
+
+def ready(system: System, namespace: str, name: str, reason: str = AgentReason.VALID,
+          generation: int | None = None) -> dict[str, Any]:
+    """The Agent once its Ready condition says `reason` (for `generation`, if given)."""
+    found: dict[str, Any] = {}
+
+    def said() -> bool:
+        nonlocal found
+        found = system.get(AGENTS, namespace, name) or {}
+        status = found.get("status") or {}
+        conditions = {c["type"]: c for c in status.get("conditions") or []}
+        return (Condition.READY in conditions
+                and conditions[Condition.READY]["reason"] == reason
+                and status.get("observedGeneration") == (
+                    generation or found["metadata"]["generation"]))
+
+    try:
+        wait_for(said, timeout=60, what=f"Agent {name} {reason}", interval=0.2)
+    except TimeoutError as e:
+        raise AssertionError(f"{e}: {json.dumps(found.get('status'))}") from e
+    return found
+
+
+def conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in obj["status"].get("conditions") or []}
+
+
+def settled(system: System, namespace: str, name: str, timeout: float = 120) -> dict[str, Any]:
+    return system.wait_run(namespace, name, lambda r: (r.get("status") or {}).get("phase") in (
+        Phase.SUCCEEDED, Phase.FAILED) and r["status"].get("toolsExecuted") is not None,
+        timeout=timeout)["status"]
+
+
+def ledger(system: System, run: dict[str, Any]) -> list[store.LedgerEntry]:
+    return system.store(lambda e: store.ledger(e, run["metadata"]["uid"]))
+
+
+def replay_run(system: System, namespace: str, replay: str) -> dict[str, Any]:
+    """The settled status of the run an approved AgentRunReplay created."""
+    def created() -> bool:
+        found = system.get(f"agentrunreplays.{GROUP}", namespace, replay) or {}
+        return bool((found.get("status") or {}).get("replayRunName"))
+
+    wait_for(created, timeout=60, what=f"the run of {replay}")
+    found = system.get(f"agentrunreplays.{GROUP}", namespace, replay)
+    assert found is not None
+    return settled(system, namespace, found["status"]["replayRunName"])
+
+
+def pods_of(system: System, namespace: str, run: str) -> list[str]:
+    done = system.kubectl("get", "pods", "-n", namespace, "-l", f"agentrun.dev/run={run}",
+                          "-o", "json")
+    return [p["metadata"]["name"] for p in json.loads(done.stdout)["items"]]
+
+
+def test_a_read_only_mcp_tool_is_called_once_and_the_ledger_says_read_only(
+        system: System, namespace: str, crm: CrmServer) -> None:
+    system.kubectl("create", "secret", "generic", "crm", "-n", namespace,
+                   "--from-literal=token=Bearer crm-s3cret")
+    system.apply(in_namespace(triage(crm.url, mcpServers=[{
+        "name": "crm", "url": crm.url, "toolFilter": ["lookup_customer", "update_ticket"],
+        "headers": [{"name": "Authorization",
+                     "valueFrom": {"secretKeyRef": {"name": "crm", "key": "token"}}}]}]),
+        namespace))
+    defined = ready(system, namespace, "triage")
+    assert conditions(defined)[Condition.STALLED]["status"] == "False"
+    assert kstatus.compute(defined).status == kstatus.CURRENT  # cli-utils' own verdict
+    system.apply(in_namespace(agent_run("look-42", LOOKUP, agent="triage"), namespace))
+    status = settled(system, namespace, "look-42")
+    assert status["phase"] == Phase.SUCCEEDED, status
+    assert status["toolsExecuted"] == ["lookup_customer"]
+    # Pinned at launch: the digest the Agent says a run pins now.
+    assert status["agentDigest"] == defined["status"]["digest"]
+    (call,) = crm.calls()  # the server saw exactly one call
+    assert call["tool"] == "lookup_customer"
+    assert call["authorizationSha256"] == hashlib.sha256(b"Bearer crm-s3cret").hexdigest()
+    run = system.run(namespace, "look-42")
+    (entry,) = ledger(system, run)
+    assert (entry.tool, entry.effect) == ("lookup_customer", effects.READ_ONLY)
+    assert call["idempotencyKey"] == entry.idempotency_key
+    assert [c["effect"] for c in status["toolCalls"]] == [effects.READ_ONLY]
+    # The Secret's value is in no snapshot and no status: only its name and key are.
+    snapshot = system.store(lambda e: store.get_agent(e, status["agentDigest"]))
+    assert snapshot is not None and "crm-s3cret" not in json.dumps(snapshot)
+    assert "crm-s3cret" not in json.dumps(run)
+
+
+def test_an_in_doubt_destructive_call_refuses_the_resume(
+        system: System, namespace: str, crm: CrmServer) -> None:
+    system.apply(in_namespace(triage(crm.url), namespace))
+    ready(system, namespace, "triage")
+    script = [{"call": "close_account", "args": {"customer": "43", "delay_seconds": 15}},
+              {"text": "Closed."}]
+    system.apply(in_namespace(agent_run("close-43", script, agent="triage", retry=RESUME),
+                              namespace))
+    run = system.wait_phase(namespace, "close-43", Phase.RUNNING)
+    system.wait_ledger(run["metadata"]["uid"], "close_account")
+    wait_for(lambda: len(crm.calls("close_account")) == 1, timeout=30, what="the call")
+    system.evict(namespace, "close-43-1")
+    run = system.wait_run(namespace, "close-43", lambda r: (r.get("status") or {}).get(
+        "phase") == Phase.FAILED and Condition.RESUMABLE in conditions(r))
+    status = run["status"]
+    assert (status["reason"], status["attempts"]) == (Reason.EVICTED, 1)
+    resumable = conditions(run)[Condition.RESUMABLE]
+    assert (resumable["status"], resumable["reason"]) == ("False",
+                                                          ReplayReason.TOOL_CALL_IN_DOUBT)
+    assert "close_account is Effectful" in resumable["message"]
+    assert status["toolsExecuted"] == ["close_account"]
+    assert len(crm.calls("close_account")) == 1  # not called again
+    # Someone who checked forces a manual resume: the replay run continues a fork of the
+    # session, on the original's snapshot, and makes the call again (with its key).
+    system.apply({"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentRunReplay",
+                  "metadata": {"name": "close-43-resume", "namespace": namespace,
+                               "annotations": {ANNOTATION_FORCE_REPLAY: "true"}},
+                  "spec": {"runName": "close-43", "resume": True}})
+    resumed = replay_run(system, namespace, "close-43-resume")
+    assert resumed["phase"] == Phase.SUCCEEDED, resumed
+    assert resumed["agentDigest"] == status["agentDigest"]
+    first, again = crm.calls("close_account")
+    assert first["idempotencyKey"] == again["idempotencyKey"]
+
+
+def test_an_in_doubt_idempotent_call_runs_again_with_the_same_key(
+        system: System, namespace: str, crm: CrmServer) -> None:
+    system.apply(in_namespace(triage(crm.url), namespace))
+    ready(system, namespace, "triage")
+    script = [{"call": "update_ticket", "args": {"ticket": "7", "status": "refunded",
+                                                 "delay_seconds": 8}},
+              {"text": "Ticket 7 is refunded."}]
+    system.apply(in_namespace(agent_run("ticket-7", script, agent="triage", retry=RESUME),
+                              namespace))
+    run = system.wait_phase(namespace, "ticket-7", Phase.RUNNING)
+    wait_for(lambda: len(crm.calls("update_ticket")) == 1, timeout=60, what="the call")
+    system.evict(namespace, "ticket-7-1")
+    status = settled(system, namespace, "ticket-7")
+    assert status["phase"] == Phase.SUCCEEDED, status
+    assert status["resumedAttempts"] == [2]
+    first, again = crm.calls("update_ticket")
+    assert first["idempotencyKey"] and first["idempotencyKey"] == again["idempotencyKey"]
+    entries = [e for e in ledger(system, run) if e.tool == "update_ticket"]
+    assert [(e.attempt, e.effect) for e in entries] == [(1, effects.IDEMPOTENT),
+                                                         (2, effects.IDEMPOTENT)]
+    assert {e.idempotency_key for e in entries} == {first["idempotencyKey"]}
+    assert entries[1].result and entries[1].result["structuredContent"]["applied"] is False
+
+
+def test_a_replay_runs_the_agent_its_original_ran_and_a_new_run_the_agent_as_it_is(
+        system: System, namespace: str, tmp_path: Path) -> None:
+    with crm_server(tmp_path / "v1") as v1, crm_server(tmp_path / "v2") as v2:
+        system.apply(in_namespace(triage(v1.url), namespace))
+        first = ready(system, namespace, "triage")["status"]["digest"]
+        system.apply(in_namespace(agent_run("before", LOOKUP, agent="triage"), namespace))
+        assert settled(system, namespace, "before")["agentDigest"] == first
+        # The Agent changes in Git: another server, another instruction.
+        system.apply(in_namespace(triage(v2.url, instruction="Be brief."), namespace))
+        second = ready(system, namespace, "triage", generation=2)["status"]["digest"]
+        assert second != first
+        replay = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentRunReplay",
+                  "metadata": {"name": "before-again", "namespace": namespace,
+                               "annotations": {ANNOTATION_FORCE_REPLAY: "true"}},
+                  "spec": {"runName": "before"}}
+        system.apply(replay)
+        replayed = replay_run(system, namespace, "before-again")
+        assert replayed["phase"] == Phase.SUCCEEDED, replayed
+        assert replayed["agentDigest"] == first  # the original's snapshot, not the Agent's
+        system.apply(in_namespace(agent_run("after", LOOKUP, agent="triage"), namespace))
+        assert settled(system, namespace, "after")["agentDigest"] == second
+        # What ran is what was pinned: the replay called v1's server, the new run v2's.
+        assert (len(v1.calls()), len(v2.calls())) == (2, 1)
+
+
+def test_a_run_uses_only_its_own_namespaces_agents(
+        system: System, namespace: str, crm: CrmServer) -> None:
+    other = f"{namespace}-other"
+    system.kubectl("create", "namespace", other)
+    try:
+        system.apply(in_namespace(triage(crm.url), other))
+        ready(system, other, "triage")
+        # spec.agent is a name: there is no way to say another namespace's Agent.
+        refused = system.kubectl("apply", "-f", "-", check=False, input=json.dumps(
+            in_namespace(agent_run("elsewhere", LOOKUP, agent=f"{other}/triage"), namespace)))
+        assert refused.returncode != 0 and "spec.agent must be" in refused.stderr
+        # The same name in this namespace is no Agent of it, nor an agent of the image.
+        system.apply(in_namespace(agent_run("look-here", LOOKUP, agent="triage"), namespace))
+        status = settled(system, namespace, "look-here")
+        assert (status["phase"], status["reason"]) == (Phase.FAILED, Reason.AGENT_NOT_FOUND)
+        assert f"no Agent triage in namespace {namespace}" in status["message"]
+        assert status["toolsExecuted"] == [] and "agentDigest" not in status
+        assert crm.calls() == []
+    finally:
+        system.kubectl("delete", "namespace", other, "--wait=false", check=False)
+
+
+def test_an_agent_may_name_only_secrets_its_creator_may_get(
+        system: System, namespace: str, crm: CrmServer) -> None:
+    system.kubectl("create", "secret", "generic", "crm", "-n", namespace,
+                   "--from-literal=token=Bearer x")
+    system.kubectl("create", "rolebinding", "sam-edit", "-n", namespace,
+                   "--clusterrole=agentrun-edit", "--user=sam")
+    manifest = in_namespace(triage(crm.url, mcpServers=[{
+        "name": "crm", "url": crm.url, "headers": [
+            {"name": "Authorization",
+             "valueFrom": {"secretKeyRef": {"name": "crm", "key": "token"}}}]}]), namespace)
+    refused = system.kubectl("create", "-f", "-", input=json.dumps(manifest), as_user="sam",
+                             check=False)
+    assert refused.returncode != 0
+    assert ("Agent mcpServers crm header Authorization names Secret crm: sam may not get "
+            f"secrets/crm in namespace {namespace}") in refused.stderr, refused.stderr
+    # Without the Secret, the same user may create it; and with get on that one Secret,
+    # with it.
+    plain = in_namespace(triage(crm.url), namespace)
+    done = system.kubectl("create", "-f", "-", input=json.dumps(plain), as_user="sam",
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    system.kubectl("create", "role", "crm-reader", "-n", namespace, "--verb=get",
+                   "--resource=secrets", "--resource-name=crm")
+    system.kubectl("create", "rolebinding", "sam-crm", "-n", namespace, "--role=crm-reader",
+                   "--user=sam")
+    wait_for(lambda: system.kubectl("apply", "-f", "-", input=json.dumps(manifest),
+                                    as_user="sam", check=False).returncode == 0,
+             timeout=30, what="the Agent admitted")
+
+
+def test_an_agent_that_cannot_be_built_fails_its_runs_before_any_pod(
+        system: System, namespace: str, crm: CrmServer) -> None:
+    system.apply(in_namespace(triage(crm.url, subAgents=[{"name": "billing"}]), namespace))
+    invalid = ready(system, namespace, "triage", AgentReason.INVALID)
+    stalled = conditions(invalid)[Condition.STALLED]
+    assert stalled["status"] == "True" and "sub-agent billing, which does not exist" in \
+        stalled["message"]
+    assert "digest" not in invalid["status"]
+    verdict = kstatus.compute(invalid)
+    assert (verdict.status, verdict.message) == (kstatus.FAILED, stalled["message"])
+    system.apply(in_namespace(agent_run("no-billing", LOOKUP, agent="triage"), namespace))
+    status = settled(system, namespace, "no-billing")
+    assert (status["phase"], status["reason"]) == (Phase.FAILED, Reason.AGENT_INVALID)
+    assert "names the sub-agent billing, which does not exist" in status["message"]
+    assert "No pod was started" in status["message"]
+    assert status["toolsExecuted"] == [] and pods_of(system, namespace, "no-billing") == []
+    # Once the sub-agent exists, the Agent is valid again (the change queues its parent).
+    system.apply(in_namespace(agent("billing", instruction="Answer billing questions."),
+                              namespace))
+    assert ready(system, namespace, "triage")["status"]["digest"]
+
+
+def test_an_mcp_server_that_is_down_fails_the_run_before_any_tool(
+        system: System, namespace: str) -> None:
+    system.apply(in_namespace(triage("http://127.0.0.1:9/mcp"), namespace))
+    ready(system, namespace, "triage")
+    system.apply(in_namespace(agent_run("server-down", LOOKUP, agent="triage"), namespace))
+    status = settled(system, namespace, "server-down")
+    assert (status["phase"], status["reason"]) == (Phase.FAILED,
+                                                    Reason.TOOL_SERVER_UNAVAILABLE)
+    assert "MCP server crm of Agent triage (http://127.0.0.1:9/mcp) did not answer" in \
+        status["message"]
+    assert status["toolsExecuted"] == []
+
+
+def test_an_agent_waits_for_its_secret(system: System, namespace: str, crm: CrmServer) -> None:
+    name = f"crm-{uuid.uuid4().hex[:6]}"
+    system.apply(in_namespace(triage(crm.url, mcpServers=[{
+        "name": "crm", "url": crm.url, "headers": [
+            {"name": "Authorization",
+             "valueFrom": {"secretKeyRef": {"name": name, "key": "token"}}}]}]), namespace))
+    waiting = ready(system, namespace, "triage", AgentReason.SECRET_NOT_FOUND)
+    assert f"Secret {name} does not exist" in conditions(waiting)[Condition.READY]["message"]
+    assert waiting["status"]["digest"]  # the definition itself is valid
+    system.kubectl("create", "secret", "generic", name, "-n", namespace,
+                   "--from-literal=token=Bearer x")
+    # Secrets are not watched: the Agent is looked at again on its own recheck, or as
+    # soon as it changes.
+    system.kubectl("annotate", AGENTS, "triage", "-n", namespace, "example.com/touched=1")
+    ready(system, namespace, "triage")
+    assert agents.header_env("triage", "crm", "Authorization").startswith("AGENTRUN_MCP_")
