@@ -95,6 +95,7 @@ BODY_BYTES: Final[Mapping[str, int]] = {
     # The outcome's message: a sentence, or an error with its traceback's last lines.
     "outcome": 64 * KiB,
     "input": 0,
+    "agent": 0,
     # A new session's initial state.
     "create_session": 256 * KiB,
     "list_sessions": 0,

@@ -28,7 +28,7 @@ from agentrun.vocabulary import STORE_AUDIENCE, Reason, RunStatus
     (RunStatus.FAILED, Reason.INPUT_UNAVAILABLE, "'InputUnavailable' is not one"),
     (RunStatus.FAILED, Reason.SESSION_BUSY, "'SessionBusy' is not one"),
     (RunStatus.FAILED, Reason.MODEL_NOT_ALLOWED, "the operator decides it"),
-    (RunStatus.FAILED, Reason.EVICTED, "one of its own reasons (AgentError, AwaitingApproval"),
+    (RunStatus.FAILED, Reason.EVICTED, "one of its own reasons (AgentError, AgentInvalid, AgentNotFound, AwaitingApproval"),
     (RunStatus.FAILED, Reason.IMAGE_PULL_FAILED, "is not one"),
     (RunStatus.FAILED, "NoSuchReason", "is not one"),
     (RunStatus.FAILED, None, "a failure names its reason"),
