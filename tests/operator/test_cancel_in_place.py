@@ -79,7 +79,7 @@ def test_kubectl_agentrun_cancel_before_any_tool_then_a_replay_is_approved(
 
     done = plugin(system, "cancel", "idle-thinking", "-n", namespace, "--note", "not needed")
     assert done.returncode == 0, done.stderr
-    assert "agentrun/thinking annotated agentrun.dev/cancel=true" in done.stdout
+    assert "agentrun/idle-thinking annotated agentrun.dev/cancel=true" in done.stdout
     run = system.wait_phase(namespace, "idle-thinking", Phase.CANCELLED, Phase.FAILED,
                             Phase.SUCCEEDED, timeout=60)
     assert (run["status"]["reason"], run["status"]["toolsExecuted"]) == (
