@@ -46,31 +46,31 @@ def test_evicted_mid_tool_refused_then_forced(cluster: Cluster) -> None:
     ns = "shop"
     script = [{"call": "send_email", "args": {**EMAIL, "delay_seconds": 60}},
               {"text": "Told the customer."}]
-    cluster.apply(ns, run_manifest("refund-42", script), as_user="alice")
-    cluster.wait_phase("agentrun", "refund-42", ns, ("Running",), timeout=240)
-    cluster.wait("the email in the store", lambda: cluster.emails("refund-42") == 1,
+    cluster.apply(ns, run_manifest("evicted-42", script), as_user="alice")
+    cluster.wait_phase("agentrun", "evicted-42", ns, ("Running",), timeout=240)
+    cluster.wait("the email in the store", lambda: cluster.emails("evicted-42") == 1,
                  timeout=120)
-    evict(cluster, ns, "refund-42-1")
-    run = cluster.wait_phase("agentrun", "refund-42", ns, ("Failed", "Succeeded"))
+    evict(cluster, ns, "evicted-42-1")
+    run = cluster.wait_phase("agentrun", "evicted-42", ns, ("Failed", "Succeeded"))
     assert (run["status"]["phase"], run["status"]["reason"]) == ("Failed", "Evicted"), \
         run["status"]
     assert run["status"]["toolsExecuted"] == ["send_email"]
 
-    cluster.apply(ns, replay_manifest("refund-42-again", "refund-42"), as_user="alice")
-    replay = cluster.wait_phase("agentrunreplay", "refund-42-again", ns,
+    cluster.apply(ns, replay_manifest("evicted-42-again", "evicted-42"), as_user="alice")
+    replay = cluster.wait_phase("agentrunreplay", "evicted-42-again", ns,
                                 ("Refused", "Approved"))
     assert replay["status"]["phase"] == "Refused", replay["status"]
-    denied = cluster.kubectl("annotate", "agentrunreplay", "refund-42-again", "-n", ns,
+    denied = cluster.kubectl("annotate", "agentrunreplay", "evicted-42-again", "-n", ns,
                              "agentrun.dev/force-replay=true", as_user="alice", check=False)
     assert denied.returncode != 0 and "force" in denied.stderr, denied.stderr
-    cluster.kubectl("annotate", "agentrunreplay", "refund-42-again", "-n", ns,
+    cluster.kubectl("annotate", "agentrunreplay", "evicted-42-again", "-n", ns,
                     "agentrun.dev/force-replay=true", as_user="olga")
-    replay = cluster.wait_phase("agentrunreplay", "refund-42-again", ns, ("Approved",))
+    replay = cluster.wait_phase("agentrunreplay", "evicted-42-again", ns, ("Approved",))
     again = replay["status"]["replayRunName"]
     # The replay run's script is the original's: send_email waits 60 s before answering.
     done = cluster.wait_phase("agentrun", again, ns, ("Succeeded", "Failed"), timeout=300)
     assert done["status"]["phase"] == "Succeeded", done["status"]
-    assert cluster.emails("refund-42", again) == 2, "one by the run, one by its forced replay"
+    assert cluster.emails("evicted-42", again) == 2, "one by the run, one by its forced replay"
 
 
 def test_runner_is_not_root_and_its_root_filesystem_is_read_only(cluster: Cluster) -> None:
