@@ -111,6 +111,11 @@ async def reconcile_approval(ctx: Context, namespace: str, name: str) -> float |
     spec = approval.get("spec") or {}
     run_name = str(spec.get("runName") or "")
     run = await ctx.run(namespace, run_name)
+    if run is None:
+        # Not in the cache is not gone: a replica that has just started leading may judge an
+        # approval before the watch has shown it the run. Rejected RunNotFound is final, so
+        # it is said only of a run the API server does not have.
+        run = await ctx.kube.read_run(namespace, run_name)
     pending = decided = None
     if run is not None:
         uid = run["metadata"]["uid"]
