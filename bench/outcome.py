@@ -43,6 +43,7 @@ from agentrun_devtools.cluster import start_dev_node  # noqa: E402
 from agentrun_devtools.controlplane import ControlPlane  # noqa: E402
 from agentrun_devtools.postgres import Postgres  # noqa: E402
 from agentrun_devtools.processes import wait_for  # noqa: E402
+from agentrun_devtools.stats import pct  # noqa: E402
 from kubernetes import client, config, watch  # noqa: E402
 
 from agentrun import store  # noqa: E402
@@ -61,11 +62,6 @@ def living() -> list[dict[str, Any]]:
     for _ in range(int(LIFE / STEP)):
         steps += [{"call": "read_message", "args": {}}, {"sleep": STEP}]
     return [*steps, {"text": "done"}]
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 class Writes:

@@ -37,6 +37,7 @@ from agentrun_devtools.cluster import start_dev_node  # noqa: E402
 from agentrun_devtools.controlplane import ControlPlane  # noqa: E402
 from agentrun_devtools.postgres import Postgres  # noqa: E402
 from agentrun_devtools.processes import wait_for  # noqa: E402
+from agentrun_devtools.stats import pct  # noqa: E402
 from kubernetes import client, config  # noqa: E402
 
 from agentrun import store  # noqa: E402
@@ -54,11 +55,6 @@ def script() -> list[dict[str, Any]]:
             {"sleep": THINK},
             {"call": "update_crm", "args": {"customer": "42", "status": "refunded"}},
             {"text": "Done."}]
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def main(argv: list[str] | None = None) -> int:

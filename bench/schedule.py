@@ -60,6 +60,7 @@ for extra in (BENCH, BENCH.parent / "devtools", BENCH.parent):
 
 from agentrun_devtools.controlplane import ControlPlane  # noqa: E402
 from agentrun_devtools.postgres import Postgres  # noqa: E402
+from agentrun_devtools.stats import pct as percentile  # noqa: E402
 from kubernetes import client  # noqa: E402
 from throughput import (  # noqa: E402
     CLK_TCK,
@@ -130,11 +131,6 @@ def lags(log: Path) -> dict[int, list[float]]:
     for found in _CREATED.finditer(log.read_text(errors="replace")):
         out.setdefault(int(found.group(1)), []).append(float(found.group(2)))
     return out
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 @dataclass

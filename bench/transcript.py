@@ -48,6 +48,7 @@ from agentrun_devtools.cluster import start_dev_node  # noqa: E402
 from agentrun_devtools.controlplane import ControlPlane  # noqa: E402
 from agentrun_devtools.postgres import Postgres  # noqa: E402
 from agentrun_devtools.processes import free_port  # noqa: E402
+from agentrun_devtools.stats import pct  # noqa: E402
 from agentrun_devtools.transcript_api import TranscriptEndpoint  # noqa: E402
 
 from agentrun import store  # noqa: E402
@@ -58,11 +59,6 @@ from tests.harness import Operator, System, agent_run, in_namespace  # noqa: E40
 NAMESPACE = "bench-transcript"
 RUN = "long-talk"
 CALLS = 99
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def row(what: str, values: list[float]) -> str:
