@@ -55,6 +55,7 @@ from agentrun.vocabulary import (
     REPLAY_PLURAL,
     RUN_PLURAL,
     SCHEDULE_PLURAL,
+    TRANSCRIPT_API_SERVICE,
     TRANSCRIPT_AUTHOR,
     TRANSCRIPT_GROUP,
     TRANSCRIPT_PLURAL,
@@ -73,6 +74,9 @@ from agentrun.vocabulary import (
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 OK, REFUSED, ERROR = 0, 1, 2
+# How long a 503 of the aggregated API is waited out: longer than the aggregator's 30 s
+# between looks at an unavailable APIService.
+UNAVAILABLE_WAIT = 45.0
 
 
 class Failure(Exception):
@@ -174,25 +178,60 @@ class Cluster:
         return self._call(self.transcript_path(run), [("follow", "true")], stream=True)
 
     def _call(self, path: str, query: list[tuple[str, str]], *, stream: bool = False) -> Any:
-        api = client.ApiClient()
-        serialized = api.param_serialize(
-            method="GET", resource_path=path, query_params=query,
-            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
-        try:
-            # Connect in 10 s; a followed stream may be quiet as long as its run thinks.
-            response = api.call_api(*serialized, _request_timeout=(10, None if stream else 60))
-        except (ApiException, OSError) as e:
-            raise Failure(f"cannot reach the Kubernetes API server: {e}") from e
-        if response.status != 200:
+        """GET `path` of the aggregated API. The API server answers 503 while its aggregator
+        has not found the transcript API available (just installed, or the store API just
+        started: it looks again every 30 s, and at once when the Service's endpoints
+        change): that is waited out for UNAVAILABLE_WAIT seconds, saying so once."""
+        api = self._api_client or client.ApiClient()  # --as and --as-group hold here too
+        deadline = time.monotonic() + UNAVAILABLE_WAIT
+        told = False
+        while True:
+            serialized = api.param_serialize(
+                method="GET", resource_path=path, query_params=query,
+                header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
+            try:
+                # Connect in 10 s; a followed stream may be quiet as long as its run thinks.
+                response = api.call_api(*serialized,
+                                        _request_timeout=(10, None if stream else 60))
+            except (ApiException, OSError) as e:
+                raise Failure(f"cannot reach the Kubernetes API server: {e}") from e
+            if response.status == 200:
+                return response
             body = response.read()
+            response.response.release_conn()
             try:
                 message = json.loads(body).get("message")
             except ValueError:
                 message = None
-            code = REFUSED if response.status in (403, 404) else ERROR
-            raise Failure(f"Error from server ({response.reason}): "
-                          f"{message or body.decode(errors='replace')}", code)
-        return response
+            said = f"Error from server ({response.reason}): " \
+                f"{(message or body.decode(errors='replace')).strip()}"
+            if response.status != 503:
+                raise Failure(said, REFUSED if response.status in (403, 404) else ERROR)
+            if time.monotonic() >= deadline:
+                raise Failure(f"{said}; {self._transcript_api_state()}")
+            if not told:
+                print(f"{said}: the API server has not found the transcript API available "
+                      f"yet ({self._transcript_api_state()}); trying again for up to "
+                      f"{UNAVAILABLE_WAIT:.0f} s", file=sys.stderr)
+                told = True
+            time.sleep(1.0)
+
+    def _transcript_api_state(self) -> str:
+        """The transcript APIService's Available condition, as far as the user may read it."""
+        name = f"APIService {TRANSCRIPT_API_SERVICE}"
+        try:
+            found: Any = client.ApiregistrationV1Api(self._api_client).read_api_service(
+                TRANSCRIPT_API_SERVICE)
+        except ApiException as e:
+            return f"{name}: not readable by you ({e.status}); a cluster admin can run " \
+                f"`kubectl get apiservice {TRANSCRIPT_API_SERVICE}`"
+        except OSError as e:
+            return f"{name}: not readable ({e})"
+        available = next((c for c in (found.status.conditions or []) if c.type == "Available"),
+                         None)
+        if available is None:
+            return f"{name}: no Available condition yet"
+        return f"{name} Available={available.status} {available.reason}: {available.message}"
 
     def annotate_replay(self, name: str, annotations: dict[str, str]) -> None:
         self.annotate(REPLAY_PLURAL, name, annotations)

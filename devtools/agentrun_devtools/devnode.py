@@ -628,6 +628,7 @@ class DevNode:
                 body=client.V1DeleteOptions(grace_period_seconds=0,
                                             preconditions=client.V1Preconditions(uid=uid)),
             )
+            log.info("event=deletion-confirmed pod=%s/%s", namespace, name)
         self._forget(uid, kill=False)
 
     def _forget(self, uid: str, *, kill: bool) -> None:

@@ -4,7 +4,9 @@ real runner processes on the scripted model, the operator as a process."""
 from __future__ import annotations
 
 import json
+import re
 import time
+from typing import Any
 
 from agentrun_devtools.processes import Child, wait_for
 
@@ -202,7 +204,11 @@ def test_back_from_a_power_loss_a_runner_is_not_started_again(
     """The node comes back after losing power: the runner pod (restartPolicy Never) is
     reported Failed, ContainerStatusUnknown, as a kubelet does; its runner never runs a
     second time (found by make soak: a second process of the same attempt wrote to its
-    session, and the resumed attempt then sent the email again)."""
+    session, and the resumed attempt then sent the email again). The pod may instead have
+    been deleted while the node was away (the taint manager's eviction, DeletionByTaintManager:
+    the runner pods' toleration is as long as the operator's grace, and which acts first is
+    timing); once back and the pod Failed, it goes (the node confirms the deletion, or a
+    repeated delete of a Failed pod is immediate) and nothing is started."""
     system.apply(in_namespace(agent_run("blackout", email_then_wait(120)), namespace))
     uid = system.wait_phase(namespace, "blackout", Phase.RUNNING)["metadata"]["uid"]
     system.wait_ledger(uid, "send_email")
@@ -212,16 +218,27 @@ def test_back_from_a_power_loss_a_runner_is_not_started_again(
     finally:
         system.kubectl("annotate", "node", "dev-node", "dev.agentrun.dev/simulate-")
         wait_node_healthy(system)
+    reported = re.compile(rf"event=vanished pod={re.escape(namespace)}/blackout-1\b")
+    seen: dict[str, Any] = {}
 
-    def vanished() -> bool:
-        pod = system.get("pod", namespace, "blackout-1") or {}
+    def settled_by_the_node() -> bool:
+        if not reported.search(dev_node.log_path.read_text()):
+            return False
+        done = system.kubectl("get", "pod", "blackout-1", "-n", namespace, "-o", "json",
+                              check=False)
+        if done.returncode != 0:
+            seen["gone"] = "NotFound" in done.stderr
+            return seen["gone"]
+        pod = json.loads(done.stdout)
+        seen["pod"] = pod
         states = [c.get("state") or {} for c in (pod.get("status") or {}).get(
             "containerStatuses") or []]
         return pod.get("status", {}).get("phase") == "Failed" and any(
             (s.get("terminated") or {}).get("reason") == "ContainerStatusUnknown"
-            for s in states)
+            for s in states) and not pod["metadata"].get("deletionTimestamp")
 
-    wait_for(vanished, timeout=60, what="blackout-1 Failed, ContainerStatusUnknown")
+    wait_for(settled_by_the_node, timeout=60,
+             what="blackout-1 Failed, ContainerStatusUnknown, or its deletion confirmed")
     started = dev_node.log_path.read_text().count(f"event=started pod={namespace}/blackout-1 ")
     assert started == 1, "the runner was started again after the node came back"
     emails = [e for e in system.emails("blackout") if e.tool == "send_email"]

@@ -24,11 +24,14 @@ import pytest
 import yaml
 from agentrun_devtools import transcript_api
 from agentrun_devtools.controlplane import REPO, ControlPlane
+from agentrun_devtools.processes import wait_for
 from agentrun_devtools.transcript_api import TranscriptEndpoint
 
+from agentrun import kubectl_plugin
 from agentrun.vocabulary import (
     APPROVER_CLUSTER_ROLE,
     ENV_TEST_CRASH_IN,
+    TRANSCRIPT_API_SERVICE,
     TRANSCRIPT_API_VERSION,
     EntryKind,
     EntryState,
@@ -330,6 +333,57 @@ def test_kubectl_agentrun_result_and_transcript_as_the_readme_shows(
     plain = as_user(transcripts, users["alice"], "agentrun", "result", "scripted-refund",
                     "-n", ns, "-o", "json")
     assert plain.returncode == 1 and "not an object of an output schema" in plain.stderr
+
+
+def test_the_plugin_waits_out_an_apiservice_not_yet_available(
+        transcripts: System, tenants: tuple[str, str], users: dict[str, Path],
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The API server answers 503 while its aggregator has not found the transcript API
+    available (as right after `make run` or an install: it looks again every 30 s): the
+    plugin says so, waits, and answers once it is; past its wait it says what the
+    APIService says. Made unavailable here by pointing the APIService at a port its Service
+    does not have (an APIService's change is looked at at once)."""
+    ns, _ = tenants
+    transcripts.apply(in_namespace(agent_run("awaited", HAPPY), ns))
+    settled(transcripts, ns, "awaited")
+
+    def point_at(port: int) -> None:
+        transcripts.kubectl("patch", "apiservice", TRANSCRIPT_API_SERVICE, "--type=merge",
+                            "-p", json.dumps({"spec": {"service": {"port": port}}}))
+
+    def available() -> str:
+        found = json.loads(transcripts.kubectl("get", "apiservice", TRANSCRIPT_API_SERVICE,
+                                               "-o", "json").stdout)
+        return next(c["status"] for c in found.get("status", {}).get("conditions", [])
+                    if c["type"] == "Available")
+
+    point_at(444)
+    try:
+        wait_for(lambda: available() == "False", timeout=60, what="the APIService unavailable")
+        # Past its wait, as a cluster admin: the APIService's own words.
+        monkeypatch.setattr(kubectl_plugin, "UNAVAILABLE_WAIT", 2.0)
+        code = kubectl_plugin.main(["result", "awaited", "-n", ns, "--kubeconfig",
+                                    str(transcripts.plane.kubeconfig)])
+        told = capsys.readouterr().err
+        assert code == kubectl_plugin.ERROR, told
+        assert "trying again for up to 2 s" in told, told
+        assert f"APIService {TRANSCRIPT_API_SERVICE} Available=False" in told, told
+        # A viewer who may not read APIServices: waits, then has the answer.
+        plugin = subprocess.Popen(
+            [str(transcripts.plane.bin / "kubectl"), "agentrun", "result", "awaited", "-n", ns],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=user_env(users["alice"]))
+        assert plugin.stderr is not None
+        first = plugin.stderr.readline()
+        assert "has not found the transcript API available yet" in first, first
+        assert "not readable by you (403)" in first, first
+        point_at(443)
+        out, err = plugin.communicate(timeout=60)
+        assert plugin.returncode == 0, first + err
+        assert out == "Refunded customer 42 and told them.\n", out
+    finally:
+        point_at(443)
+        transcript_api.wait_available(transcripts.plane)
 
 
 def _readme_plugin_block() -> list[tuple[str, str]]:
