@@ -15,7 +15,10 @@ bound to that pod by TokenRequest, exactly what the store API verifies in a clus
    on an engine) and through the store API (StoreClient, token cached); p50/p95/p99 and
    the ratio API/direct (the goal: within 1.5x), with the store API's own time (its
    Server-Timing header) for the split. The attempt's liveness is no separate read: each
-   ledger write checks it in its own statement, as the direct write does;
+   ledger write checks it in its own statement, as the direct write does. Interleaved with
+   them, the HTTP floor: the same two requests (sizes, token, TLS, aiohttp on both ends)
+   to a bare aiohttp server in its own process that stores nothing (`--echo-server`), what
+   any store API over HTTPS costs on this machine before it does any work;
 2. the first call with a token the store API has not verified yet (`--first` each): a new
    attempt's pod and token (TokenReview + pod read), and a refreshed token of a known pod
    (TokenReview only), beside the next, cached, call and a TokenReview alone;
@@ -41,9 +44,12 @@ import asyncio
 import contextlib
 import datetime
 import itertools
+import json
 import os
 import shutil
+import ssl
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,6 +58,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
+
+import aiohttp
+from aiohttp import web
 
 ROOT = Path(__file__).resolve().parent.parent
 for extra in (ROOT / "devtools", ROOT / "runner-image", ROOT / "store-api-image", ROOT):
@@ -188,6 +197,79 @@ class TimedStoreClient(StoreClient):
             self.served.append(float(value.split("dur=")[1].split(";")[0]) / 1000)
 
 
+# -- the HTTP floor: a bare aiohttp server over TLS, storing nothing ---------------------------
+
+
+def echo_server(cert: str, key: str) -> int:
+    """`--echo-server CERT KEY`: answers every POST with `{}` after reading its JSON body, over
+    TLS with the store API's certificate; prints its port, serves until stdin closes."""
+
+    async def answer(request: web.Request) -> web.Response:
+        await request.json()
+        return web.json_response({})
+
+    async def serve() -> None:
+        app = web.Application()
+        app.router.add_post("/{path:.*}", answer)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key)
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
+        await site.start()
+        print(site._server.sockets[0].getsockname()[1], flush=True)  # type: ignore[union-attr]
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        await runner.cleanup()
+
+    asyncio.run(serve())
+    return 0
+
+
+@contextlib.contextmanager
+def started_echo_server(world: RunnerWorld) -> Any:
+    """The floor's server, in its own process as the store API is: its URL."""
+    tls = world.plane.store_api_tls
+    assert tls is not None
+    child = subprocess.Popen([sys.executable, __file__, "--echo-server", str(tls.cert),
+                              str(tls.key)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout is not None
+        port = int(child.stdout.readline())
+        yield f"https://127.0.0.1:{port}"
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        try:
+            child.wait(10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+
+
+class Floor:
+    """The two requests of a tool call's ledger write, as StoreClient sends them (the
+    token read from its file, JSON bodies of the same sizes), to the echo server."""
+
+    def __init__(self, url: str, token_file: Path, ca: str) -> None:
+        self.url, self.token_file = url, token_file
+        self.http = aiohttp.ClientSession(
+            trust_env=False,
+            connector=aiohttp.TCPConnector(ssl=ssl.create_default_context(cadata=ca)))
+
+    async def post(self, path: str, body: Mapping[str, Any]) -> None:
+        headers = {"Authorization": f"Bearer {self.token_file.read_text().strip()}",
+                   "Content-Type": "application/json"}
+        async with self.http.post(self.url + path, data=json.dumps(body).encode(),
+                                  headers=headers) as response:
+            json.loads(await response.read())
+
+    async def call(self, seq: int) -> None:
+        await self.post("/v1/ledger", {"seq": seq, "tool": "send_email", "callId": f"c{seq}",
+                                       "argsDigest": DIGEST, "effect": None,
+                                       "idempotencyKey": None})
+        await self.post(f"/v1/ledger/{seq}/close", {"outcome": "ok", "result": None})
+
+
 # -- 1. the ledger write per tool call -------------------------------------------------------
 
 
@@ -196,6 +278,7 @@ class Writes:
     direct: list[float]
     api: list[float]
     api_server: list[float]  # both requests' Server-Timing, summed
+    floor: list[float]  # the same two requests to the echo server
 
 
 def store_ca(world: RunnerWorld) -> str:
@@ -212,25 +295,31 @@ async def ledger_writes(engine: AsyncEngine, world: RunnerWorld, api_url: str, n
     assert api_run.identity is not None
     client = TimedStoreClient(api_url, api_run.identity.token_file, store_ca(world))
     served = client.served
-    out = Writes([], [], [])
-    try:
-        await client.begin()  # the runner's first call: the token is verified here
-        for seq in range(1, warmup + n + 1):
-            t0 = time.perf_counter()
-            await store.open_call(engine, direct_run.uid, 1, seq, "send_email", f"c{seq}",
-                                  DIGEST)
-            await store.close_call(engine, direct_run.uid, 1, seq, "ok")
-            t1 = time.perf_counter()
-            del served[:]
-            await client.open_call(seq, "send_email", f"c{seq}", DIGEST)
-            await client.close_call(seq, "ok")
-            t2 = time.perf_counter()
-            if seq > warmup:
-                out.direct.append(t1 - t0)
-                out.api.append(t2 - t1)
-                out.api_server.append(sum(served))
-    finally:
-        await client.close()
+    out = Writes([], [], [], [])
+    with started_echo_server(world) as echo_url:
+        floor = Floor(echo_url, api_run.identity.token_file, store_ca(world))
+        try:
+            await client.begin()  # the runner's first call: the token is verified here
+            for seq in range(1, warmup + n + 1):
+                t0 = time.perf_counter()
+                await store.open_call(engine, direct_run.uid, 1, seq, "send_email",
+                                      f"c{seq}", DIGEST)
+                await store.close_call(engine, direct_run.uid, 1, seq, "ok")
+                t1 = time.perf_counter()
+                del served[:]
+                await client.open_call(seq, "send_email", f"c{seq}", DIGEST)
+                await client.close_call(seq, "ok")
+                t2 = time.perf_counter()
+                await floor.call(seq)
+                t3 = time.perf_counter()
+                if seq > warmup:
+                    out.direct.append(t1 - t0)
+                    out.api.append(t2 - t1)
+                    out.api_server.append(sum(served))
+                    out.floor.append(t3 - t2)
+        finally:
+            await client.close()
+            await floor.http.close()
     return out
 
 
@@ -402,6 +491,8 @@ async def bench(engine: AsyncEngine, world: RunnerWorld, api_url: str, work: Pat
     say(row("straight to Postgres (store.open_call + close_call; anchor)", w.direct))
     say(row("through the store API (StoreClient -> agentrun-store-api, token cached)", w.api))
     say(ratio_row("ratio API / direct", w.api, w.direct))
+    say(row("the HTTP floor: the same two requests to a bare aiohttp server over TLS that "
+            "stores nothing", w.floor))
     added = p50(w.api) - p50(w.direct)
     say(f"\nthe store API adds {added * 1000:.2f} ms per tool call (p50 difference), "
         f"{added * 500:.2f} ms per request; of the API's two requests:")
@@ -410,6 +501,12 @@ async def bench(engine: AsyncEngine, world: RunnerWorld, api_url: str, work: Pat
         f"two writes straight (the liveness check is in each write's own statement)")
     say(f"- outside it (HTTP, JSON, client and event loops): p50 "
         f"{(p50(w.api) - p50(w.api_server)) * 1000:.2f} ms for the two requests")
+    say(f"- the HTTP floor alone (two requests to a server that stores nothing): p50 "
+        f"{p50(w.floor) * 1000:.2f} ms; the straight write plus that floor, the least any store "
+        f"API over HTTPS could take here: {(p50(w.direct) + p50(w.floor)) / p50(w.direct):.2f}x "
+        f"the straight write; the store API's own work over both (its handlers, "
+        f"authentication, quotas, its engine): "
+        f"{(p50(w.api) - p50(w.direct) - p50(w.floor)) * 1000:.2f} ms")
     say(f"\nledger write through the store API / straight (p50): "
         f"{p50(w.api) / p50(w.direct):.2f}x (goal: at most 1.50x)")
 
@@ -452,6 +549,8 @@ async def bench(engine: AsyncEngine, world: RunnerWorld, api_url: str, work: Pat
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--echo-server"]:
+        return echo_server(sys.argv[2], sys.argv[3])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--writes", type=int, default=500,
                         help="ledger writes per variant, after the warm-up")

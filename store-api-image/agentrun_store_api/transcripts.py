@@ -65,6 +65,8 @@ FOLLOW_SECONDS = 45.0
 FOLLOW_CONTENT_TYPE = "application/x-ndjson"
 PREFIX = f"/apis/{TRANSCRIPT_GROUP}/{TRANSCRIPT_VERSION}"
 RESOURCE = f"{TRANSCRIPT_PLURAL}.{TRANSCRIPT_GROUP}"
+# What the API server's OpenAPI aggregation asks an aggregated API for.
+OPENAPI_PATHS = ("/openapi/v2", "/openapi/v3")
 
 
 # -- what discovery says ----------------------------------------------------------------
@@ -160,8 +162,12 @@ class Transcripts:
             response = await handler(request)
         except Answered as e:
             response = e.response()
-            log.info("event=transcript-refused path=%s code=%s message=%r", request.path,
-                     e.code, e.message)
+            # The API server asks every aggregated API for its OpenAPI documents each
+            # minute; there are none here (404), and that is no news for the log.
+            quiet = e.code == 404 and request.path.startswith(OPENAPI_PATHS)
+            log.log(logging.DEBUG if quiet else logging.INFO,
+                    "event=transcript-refused path=%s code=%s message=%r", request.path,
+                    e.code, e.message)
         except Exception as e:  # the store or the API server failed: say so, not how
             log.error("event=transcript-failed path=%s error=%r", request.path, e, exc_info=e)
             response = Answered(503, "ServiceUnavailable",

@@ -452,6 +452,16 @@ def test_only_the_api_servers_front_proxy_is_served(
                          as_alice)
     assert code == 200 and said["result"]["text"] == "Hello."
     assert [e["kind"] for e in said["entries"]] == [EntryKind.INPUT, EntryKind.TEXT]
+    # The API server's OpenAPI aggregation asks every minute for documents there are none
+    # of: 404, and no log line for it (a refusal is logged: carol's, above).
+    for openapi in ("/openapi/v2", "/openapi/v3"):
+        code, said = _direct(transcripts, transcript_endpoint, openapi, (front.cert, front.key),
+                             as_alice)
+        assert (code, said["reason"]) == (404, "NotFound"), said
+    assert transcripts.operator.child is not None
+    log = transcripts.operator.child.log_path.read_text(errors="replace")
+    assert "event=transcript-refused path=/openapi/" not in log
+    assert f"event=transcript-refused path={path} code=403" in log
 
 
 def test_a_follower_goes_on_past_the_api_servers_request_timeout(
