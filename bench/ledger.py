@@ -44,7 +44,6 @@ import asyncio
 import contextlib
 import datetime
 import itertools
-import json
 import os
 import shutil
 import ssl
@@ -59,7 +58,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-import aiohttp
 from aiohttp import web
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -246,30 +244,6 @@ def started_echo_server(world: RunnerWorld) -> Any:
             child.kill()
 
 
-class Floor:
-    """The two requests of a tool call's ledger write, as StoreClient sends them (the
-    token read from its file, JSON bodies of the same sizes), to the echo server."""
-
-    def __init__(self, url: str, token_file: Path, ca: str) -> None:
-        self.url, self.token_file = url, token_file
-        self.http = aiohttp.ClientSession(
-            trust_env=False,
-            connector=aiohttp.TCPConnector(ssl=ssl.create_default_context(cadata=ca)))
-
-    async def post(self, path: str, body: Mapping[str, Any]) -> None:
-        headers = {"Authorization": f"Bearer {self.token_file.read_text().strip()}",
-                   "Content-Type": "application/json"}
-        async with self.http.post(self.url + path, data=json.dumps(body).encode(),
-                                  headers=headers) as response:
-            json.loads(await response.read())
-
-    async def call(self, seq: int) -> None:
-        await self.post("/v1/ledger", {"seq": seq, "tool": "send_email", "callId": f"c{seq}",
-                                       "argsDigest": DIGEST, "effect": None,
-                                       "idempotencyKey": None})
-        await self.post(f"/v1/ledger/{seq}/close", {"outcome": "ok", "result": None})
-
-
 # -- 1. the ledger write per tool call -------------------------------------------------------
 
 
@@ -297,7 +271,8 @@ async def ledger_writes(engine: AsyncEngine, world: RunnerWorld, api_url: str, n
     served = client.served
     out = Writes([], [], [], [])
     with started_echo_server(world) as echo_url:
-        floor = Floor(echo_url, api_run.identity.token_file, store_ca(world))
+        # The same client, so the same two requests (token, bodies, headers), to the echo.
+        floor = StoreClient(echo_url, api_run.identity.token_file, store_ca(world))
         try:
             await client.begin()  # the runner's first call: the token is verified here
             for seq in range(1, warmup + n + 1):
@@ -310,7 +285,8 @@ async def ledger_writes(engine: AsyncEngine, world: RunnerWorld, api_url: str, n
                 await client.open_call(seq, "send_email", f"c{seq}", DIGEST)
                 await client.close_call(seq, "ok")
                 t2 = time.perf_counter()
-                await floor.call(seq)
+                await floor.open_call(seq, "send_email", f"c{seq}", DIGEST)
+                await floor.close_call(seq, "ok")
                 t3 = time.perf_counter()
                 if seq > warmup:
                     out.direct.append(t1 - t0)
@@ -319,7 +295,7 @@ async def ledger_writes(engine: AsyncEngine, world: RunnerWorld, api_url: str, n
                     out.floor.append(t3 - t2)
         finally:
             await client.close()
-            await floor.http.close()
+            await floor.close()
     return out
 
 
