@@ -540,6 +540,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.calls < 2 or args.writes < 2 or args.first < 2:
         parser.error("--calls, --writes and --first must be at least 2")
+    if args.runs * (args.calls - 1) < 2:
+        parser.error("--runs x (--calls - 1), the round trips per variant, must be at least 2")
     out = (None if args.out == "-" else Path(args.out) if args.out else
            ROOT / "bench" / "results" / f"ledger-{datetime.date.today().isoformat()}.txt")
 
