@@ -31,7 +31,9 @@ bound to that pod by TokenRequest, exactly what the store API verifies in a clus
    (everything a runner does now) without and with the ledger (the goal: within 1.2x).
    The ledger's close goes on its way while the tool's answer goes back to the model, riding
    on the next call's open (the runner's WriteAheadLedger), and is flushed before the run
-   ends.
+   ends; with the ledger through the store API and sessions through it too, the model's
+   turn that calls the tool rides on that open as well (StoreSessionService with
+   turns_ride_on_open, as runners have it).
 
 The output goes to stdout and to `--out` (default bench/results/ledger-<date>.txt;
 `--out -` for stdout only).
@@ -424,7 +426,8 @@ async def adk_run(engine: AsyncEngine, world: RunnerWorld, api_url: str, variant
     model = ScriptedLlm(script=script)
     agent = LlmAgent(name="bench_agent", instruction="bench", tools=[noop_tool], model=model)
     sessions: BaseSessionService = (
-        StoreSessionService(client) if variant.sessions_via_api and client is not None
+        StoreSessionService(client, turns_ride_on_open=variant.ledger == "api")
+        if variant.sessions_via_api and client is not None
         else DatabaseSessionService(db_engine=engine))
     plugins: list[BasePlugin] = [ModelRetries({agent.name: model}, CallWatch())]
     if variant.ledger == "api":

@@ -397,7 +397,9 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
             await _report(client, failure)
             return _refuse(failure.code, "agent.servers_failed", failure.message)
     budget = Budget(config.limits, Counted.of(me.usage), config.model_prices)
-    sessions = StoreSessionService(client, watch.failures)
+    # Every call goes through the ledger (below), so the model's turn that calls tools
+    # rides on the first call's open.
+    sessions = StoreSessionService(client, watch.failures, turns_ride_on_open=True)
     memory = StoreMemoryService(client)
     journal = await client.journal() if me.resume_invocation else {}
     ledger = WriteAheadLedger(client, watch.failures, root_run_uid=me.root_run_uid,

@@ -40,6 +40,10 @@ CONNECT_RETRIES = 5
 CONNECT_BACKOFF_SECONDS = 0.25
 CONNECT_BACKOFF_MAX_SECONDS = 4.0
 TIMEOUT_SECONDS = 30.0
+# The model's turn that calls tools rides on the first open of its calls, one request where
+# there were two, when it is at most this large (the store API takes 64 KiB, measured its
+# own way); a larger one is appended alone.
+CARRIED_TURN_BYTES = 48 * 1024
 
 
 class StoreRefused(RuntimeError):
@@ -112,6 +116,12 @@ class StoreClient:
         # How the store API's certificate is checked: the CA the operator gives the pod.
         self._ssl = verifying(ca)
         self._session: aiohttp.ClientSession | None = None
+        # Model turns that call tools, held for the first open to carry (hold_turn), and
+        # the lock they land under: nothing sent after a turn reaches the store before it.
+        self._turns: list[tuple[str, bytes]] = []
+        self._landing = asyncio.Lock()
+        # Why a held turn did not land: no call after it may be opened.
+        self._turn_lost: BaseException | None = None
 
     def _http(self) -> aiohttp.ClientSession:
         # Made on first use: an aiohttp session belongs to the loop it was made in.
@@ -143,6 +153,36 @@ class StoreClient:
     async def request(self, method: str, path: str, body: Any = None, *,
                       raw: bytes | None = None, params: Mapping[str, Any] | None = None,
                       missing_ok: bool = False) -> Any:
+        if self._turns or self._landing.locked():
+            async with self._landing:
+                await self._turns_alone()
+        return await self._send(method, path, body, raw=raw, params=params,
+                                missing_ok=missing_ok)
+
+    # -- held turns --------------------------------------------------------------------------
+
+    def hold_turn(self, session_id: str, raw: bytes) -> None:
+        """Holds the model's turn `raw` (an event of session `session_id` that calls tools)
+        for the open of its first call to carry (open_call): the open is the next request
+        of a runner whose ledger records every call. It lands before anything sent after it
+        all the same: carried, or appended alone before any other request goes."""
+        self._turns.append((session_id, raw))
+
+    async def _turns_alone(self) -> None:
+        """Appends every held turn alone, in order (under `_landing`)."""
+        while self._turns:
+            session_id, raw = self._turns[0]
+            try:
+                await self._send("POST", f"/v1/sessions/{session_id}/events", raw=raw)
+            except BaseException as e:
+                self._turns.clear()
+                self._turn_lost = e
+                raise
+            self._turns.pop(0)
+
+    async def _send(self, method: str, path: str, body: Any = None, *,
+                    raw: bytes | None = None, params: Mapping[str, Any] | None = None,
+                    missing_ok: bool = False) -> Any:
         headers = {"Authorization": f"Bearer {self._token()}"}
         content = raw if raw is not None else (
             None if body is None else json.dumps(body).encode())
@@ -244,8 +284,36 @@ class StoreClient:
                                 "argsDigest": digest, "effect": effect, "idempotencyKey": key}
         if closes:
             body["closes"] = [{"seq": s, "outcome": o, "result": r} for s, o, r in closes]
-        data = await self.request("POST", "/v1/ledger", body)
+        data = await self._open_after_turns(tool, body)
         return [int(s) for s in data.get("closed") or []]
+
+    async def _open_after_turns(self, tool: str, body: dict[str, Any]) -> Any:
+        """Sends an open after every turn held before it, carrying the one turn of a model
+        that just called tools."""
+        if self._turns or self._landing.locked():
+            async with self._landing:
+                self._no_turn_lost(tool)
+                if len(self._turns) == 1 and len(self._turns[0][1]) <= CARRIED_TURN_BYTES:
+                    # The turn rides on this open: the store appends it first, then records
+                    # the call, each in its own commit, as if they had come one by one.
+                    (session_id, raw), = self._turns
+                    self._turns.clear()
+                    body["turn"] = {"sessionId": session_id, "event": json.loads(raw)}
+                    try:
+                        return await self._send("POST", "/v1/ledger", raw=json.dumps(
+                            body, ensure_ascii=False, separators=(",", ":")).encode())
+                    except BaseException as e:
+                        self._turn_lost = e
+                        raise
+                await self._turns_alone()
+        self._no_turn_lost(tool)
+        return await self._send("POST", "/v1/ledger", body)
+
+    def _no_turn_lost(self, tool: str) -> None:
+        if self._turn_lost is not None:
+            raise StoreUnreachable(
+                f"the model's turn that calls {tool} was not stored, so {tool} is not "
+                f"recorded either: {type(self._turn_lost).__name__}: {self._turn_lost}")
 
     async def close_call(self, seq: int, outcome: str, result: Any = None) -> None:
         await self.request("POST", f"/v1/ledger/{seq}/close",
@@ -296,9 +364,13 @@ class StoreSessionService(BaseSessionService):
     trusted here.
     """
 
-    def __init__(self, client: StoreClient,
-                 stops: Sequence[BaseException] = ()) -> None:
+    def __init__(self, client: StoreClient, stops: Sequence[BaseException] = (), *,
+                 turns_ride_on_open: bool = False) -> None:
         self._client = client
+        # With the write-ahead ledger: the model's turn that calls tools is held for the
+        # first call's open to carry (StoreClient.hold_turn), one request where there were
+        # two on the way to every tool.
+        self._turns_ride_on_open = turns_ride_on_open
         # The failures the runner's plugins raised (watch.failures): a stop among them
         # marks its error event as the runner's own.
         self._stops = stops
@@ -349,8 +421,11 @@ class StoreSessionService(BaseSessionService):
         # trimmed from what is stored), then the event goes to the store.
         self._apply_temp_state(session, event)
         event = self._trim_temp_delta_state(event)
-        await self._client.request("POST", f"/v1/sessions/{session.id}/events",
-                                   raw=event.model_dump_json(exclude_none=True).encode())
+        raw = event.model_dump_json(exclude_none=True).encode()
+        if self._turns_ride_on_open and event.get_function_calls():
+            self._client.hold_turn(session.id, raw)
+        else:
+            await self._client.request("POST", f"/v1/sessions/{session.id}/events", raw=raw)
         return self._commit_event_to_session(session, event)
 
 

@@ -82,6 +82,10 @@ RESULT_BYTES: Final = 1 * MiB
 # one is closed on its own).
 CLOSES_PER_OPEN: Final = 8
 CARRIED_RESULT_BYTES: Final = 16 * KiB
+# ...and the model's turn that made the call, held by the runner for its first open (one
+# request where there were two): a turn of a few calls and their arguments; a larger one
+# is appended alone.
+CARRIED_EVENT_BYTES: Final = 64 * KiB
 # A memory query is what the model asks for in a sentence or two.
 QUERY_BYTES: Final = 8 * KiB
 # ...and at most this many keywords (one LIKE each): stop words are not counted.
@@ -106,7 +110,8 @@ BODY_BYTES: Final[Mapping[str, int]] = {
     "journal": 0,
     # Tool name, call id, digest, effect, key: a few hundred bytes; and the closes it
     # carries.
-    "open_call": 16 * KiB + CLOSES_PER_OPEN * (CARRIED_RESULT_BYTES + KiB),
+    "open_call": 16 * KiB + CLOSES_PER_OPEN * (CARRIED_RESULT_BYTES + KiB)
+    + CARRIED_EVENT_BYTES,
     "close_call": RESULT_BYTES + 64 * KiB,
     "add_memory": EVENT_BYTES,
     # The query JSON-encoded (an escape, \uXXXX, is 6 bytes for a character of 2 or 3).

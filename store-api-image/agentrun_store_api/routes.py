@@ -384,7 +384,6 @@ class Routes:
 
     async def append_event(self, request: web.Request, caller: Caller) -> dict[str, Any]:
         from google.adk.events.event import Event
-        from google.adk.sessions.session import Session
         from pydantic import ValidationError
 
         session_id = request.match_info["session"]
@@ -396,17 +395,45 @@ class Routes:
             raise not_an_event(e) from e
         more = Usage(events=1, event_bytes=len(raw))
         await self.quotas.take(caller, more)
+        try:
+            await self._append(caller, session_id, event)
+        except BaseException:
+            self.quotas.give_back(caller, more)
+            raise
+        return {"id": event.id}
+
+    async def _append(self, caller: Caller, session_id: str, event: Any) -> None:
+        from google.adk.sessions.session import Session
+
         # One live run per session (store.claim_session), so the stale-writer check ADK
         # does against its in-memory copy has nothing to protect here: the runner holds
         # the session object, the store holds the truth, and this append goes on it.
         shell = Session(id=session_id, app_name=caller.app_name, user_id=caller.user_id,
                         last_update_time=float("inf"))
+        await self.sessions.append_event(shell, event)
+
+    def _carried_turn(self, caller: Caller, data: Mapping[str, Any]) -> tuple[str, Any, int]:
+        """The model's turn an open carries (the event whose function call this is, held
+        by the runner for this request): its session, the event, its size. Checked as an
+        append is."""
+        from google.adk.events.event import Event
+        from pydantic import ValidationError
+
+        turn = field(data, "turn", dict)
+        session_id = field(turn, "sessionId", str)
+        self._own_session(caller, session_id)
+        raw = json.dumps(field(turn, "event", dict), separators=(",", ":"))
+        if len(raw) > limits.CARRIED_EVENT_BYTES:
+            raise Refused(413, f"a carried turn may be {limits.shown(limits.CARRIED_EVENT_BYTES)} "
+                               f"at most; this one is {limits.shown(len(raw))}: append it alone")
         try:
-            await self.sessions.append_event(shell, event)
-        except BaseException:
-            self.quotas.give_back(caller, more)
-            raise
-        return {"id": event.id}
+            event = Event.model_validate_json(raw)
+        except ValidationError as e:
+            raise not_an_event(e) from e
+        if not event.get_function_calls():
+            raise Refused(400, "an open carries only the model's turn that calls tools; "
+                               "append any other event alone")
+        return session_id, event, len(raw)
 
     # -- its ledger --------------------------------------------------------------------
 
@@ -452,9 +479,22 @@ class Routes:
                                f"{limits.LEDGER_ROWS_PER_ATTEMPT:,} tool calls; the tool was "
                                "not recorded, so it must not run")
         key = field(data, "idempotencyKey", str, optional=True)
+        turn = self._carried_turn(caller, data) if data.get("turn") is not None else None
         more = Usage(result_bytes=sum(len(json.dumps(c.result, separators=(",", ":")))
                                       for c in closes if c.result is not None))
-        await self.quotas.take(caller, more)
+        if turn is not None:
+            appended = Usage(events=1, event_bytes=turn[2])
+            await self.quotas.take(caller, more + appended)
+            # The turn first, in its own commit, as if appended alone just before: a call
+            # is never on the ledger before the model's turn that made it is in the
+            # session. Should the open then fail, the turn stays, as it would have.
+            try:
+                await self._append(caller, turn[0], turn[1])
+            except BaseException:
+                self.quotas.give_back(caller, more + appended)
+                raise
+        else:
+            await self.quotas.take(caller, more)
         try:
             closed = await store.open_call(self.engine, caller.run_uid, caller.attempt, seq,
                                            tool, call_id, digest, effect, key, closes)

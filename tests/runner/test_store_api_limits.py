@@ -66,7 +66,7 @@ def test_a_flooding_runner_gets_413_and_429_with_sentences(
     # A 16 MiB body where a few hundred bytes belong: refused from its Content-Length.
     status, got = call(api, "POST", "/v1/ledger", token, raw=b"x" * (16 * MiB))
     assert status == 413, got
-    assert got["error"] == ("POST /v1/ledger takes a body of at most 152 KiB; this one is "
+    assert got["error"] == ("POST /v1/ledger takes a body of at most 216 KiB; this one is "
                             "16 MiB")
     status, got = call(api, "POST", "/v1/attempt/outcome", token, raw=b" " * (16 * MiB))
     assert status == 413 and "POST /v1/attempt/outcome takes a body of at most 64 KiB" \
@@ -76,7 +76,7 @@ def test_a_flooding_runner_gets_413_and_429_with_sentences(
         answer = client.post("/v1/ledger", headers={"Authorization": f"Bearer {token}"},
                              content=iter([b"x" * (64 * 1024)] * 8))
     assert answer.status_code == 413, answer.text
-    assert answer.json()["error"] == "POST /v1/ledger takes a body of at most 152 KiB"
+    assert answer.json()["error"] == "POST /v1/ledger takes a body of at most 216 KiB"
 
     # A 300,000-word memory query: far over the route's body limit.
     words = " ".join(f"w{i}" for i in range(300_000))
@@ -111,6 +111,18 @@ def test_a_flooding_runner_gets_413_and_429_with_sentences(
                        "session events through the store API, and this one has written "
                        "4,000 already; this request was not stored")
     assert _events_of(pg_store, run) == limits.EVENTS_PER_ATTEMPT
+    # A turn an open carries is an event like any other: past the quota, neither it nor
+    # the call it carries is written.
+    turn = Event(author="support-agent", invocation_id="inv-1", content=types.Content(
+        role="model", parts=[types.Part(function_call=types.FunctionCall(
+            id="c0", name="send_email", args={}))]))
+    status, got = call(api, "POST", "/v1/ledger", token, {
+        "seq": 1, "tool": "send_email", "callId": "c0", "argsDigest": "sha256:0",
+        "turn": {"sessionId": session,
+                 "event": json.loads(turn.model_dump_json(exclude_none=True))}})
+    assert status == 429 and "at most 4,000 session events" in got["error"], got
+    assert _events_of(pg_store, run) == limits.EVENTS_PER_ATTEMPT
+    assert query(pg_store, lambda e: store.ledger(e, run.uid)) == []
 
     # A ledger row past the most an attempt may record: 429, and nothing written.
     status, got = call(api, "POST", "/v1/ledger", token, {
