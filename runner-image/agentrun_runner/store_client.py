@@ -29,6 +29,7 @@ from google.adk.sessions.base_session_service import (
 from google.adk.sessions.session import Session
 
 from agentrun.vocabulary import RunnerEnv
+from agentrun_runner import logs
 from agentrun_runner.stops import AttemptStop
 
 # A store API that restarts is back within seconds; a request that never left (connection
@@ -169,16 +170,34 @@ class StoreClient:
         self._turns.append((session_id, raw))
 
     async def _turns_alone(self) -> None:
-        """Appends every held turn alone, in order (under `_landing`)."""
+        """Appends every held turn alone, in order (under `_landing`). A turn that does not
+        land fails no request but the ones that would build on it: the opens of its calls
+        and the session's later events (`_no_turn_lost`); the attempt's own reports (its
+        outcome, usage) still go."""
         while self._turns:
             session_id, raw = self._turns[0]
             try:
                 await self._send("POST", f"/v1/sessions/{session_id}/events", raw=raw)
-            except BaseException as e:
+            except Exception as e:
+                self._turns.clear()
+                self._turn_lost = e
+                logs.warning("session.turn_lost", session=session_id,
+                             error=f"{type(e).__name__}: {e}")
+                return
+            except BaseException as e:  # cancelled: nothing after it may be opened
                 self._turns.clear()
                 self._turn_lost = e
                 raise
             self._turns.pop(0)
+
+    async def append_event(self, session_id: str, raw: bytes) -> None:
+        """Appends an event alone, after every turn held before it; refused after a turn
+        that did not land, which the event would follow in the stored session."""
+        if self._turns or self._landing.locked():
+            async with self._landing:
+                await self._turns_alone()
+        self._no_turn_lost(None)
+        await self._send("POST", f"/v1/sessions/{session_id}/events", raw=raw)
 
     async def _send(self, method: str, path: str, body: Any = None, *,
                     raw: bytes | None = None, params: Mapping[str, Any] | None = None,
@@ -309,11 +328,16 @@ class StoreClient:
         self._no_turn_lost(tool)
         return await self._send("POST", "/v1/ledger", body)
 
-    def _no_turn_lost(self, tool: str) -> None:
-        if self._turn_lost is not None:
+    def _no_turn_lost(self, tool: str | None) -> None:
+        if self._turn_lost is None:
+            return
+        why = f"{type(self._turn_lost).__name__}: {self._turn_lost}"
+        if tool is None:
             raise StoreUnreachable(
-                f"the model's turn that calls {tool} was not stored, so {tool} is not "
-                f"recorded either: {type(self._turn_lost).__name__}: {self._turn_lost}")
+                "a model's turn that calls tools was not stored, so no later event is "
+                f"stored either (the session would lack the turn it follows): {why}")
+        raise StoreUnreachable(f"the model's turn that calls {tool} was not stored, so "
+                               f"{tool} is not recorded either: {why}")
 
     async def close_call(self, seq: int, outcome: str, result: Any = None) -> None:
         await self.request("POST", f"/v1/ledger/{seq}/close",
@@ -425,7 +449,7 @@ class StoreSessionService(BaseSessionService):
         if self._turns_ride_on_open and event.get_function_calls():
             self._client.hold_turn(session.id, raw)
         else:
-            await self._client.request("POST", f"/v1/sessions/{session.id}/events", raw=raw)
+            await self._client.append_event(session.id, raw)
         return self._commit_event_to_session(session, event)
 
 

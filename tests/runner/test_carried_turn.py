@@ -195,3 +195,47 @@ def test_no_call_is_opened_after_its_turn_failed_to_land(
     assert "the model's turn that calls send_email was not stored" in errors[1]
     assert _ledger(pg_store, run) == []
     assert _calls_in_session(api, token, run.session_id) == []
+
+
+def test_a_turn_that_fails_alone_fails_only_what_builds_on_it(
+    pg_store: str, runner_world: RunnerWorld
+) -> None:
+    run, token = _begun(pg_store, runner_world, "alone", runner_world.namespace)
+    api = runner_world.store_api(pg_store).url
+    assert run.session_id is not None
+    stray = Session(id="not-this-runs-session", app_name=run.agent, user_id=run.user_id)
+    own = Session(id=run.session_id, app_name=run.agent, user_id=run.user_id)
+
+    async def go() -> tuple[Any, list[str]]:
+        client = _client(runner_world, pg_store, run)
+        sessions = StoreSessionService(client, turns_ride_on_open=True)
+        errors = []
+        try:
+            await sessions.append_event(stray, _turn("c1"))
+            # Not an open: the turn is appended alone first, is refused, and this request
+            # is answered all the same (the runner's own reports must still go).
+            ledger = await client.request("GET", "/v1/ledger")
+            try:
+                await sessions.append_event(own, Event(
+                    author="user", invocation_id="inv-1",
+                    content=types.Content(role="user", parts=[types.Part(text="next")])))
+            except Exception as e:
+                errors.append(f"{type(e).__name__}: {e}")
+            try:
+                await client.open_call(1, "send_email", "c1", "sha256:1")
+            except Exception as e:
+                errors.append(f"{type(e).__name__}: {e}")
+        finally:
+            await client.close()
+        return ledger, errors
+
+    ledger, errors = asyncio.run(go())
+    assert ledger is not None
+    assert len(errors) == 2
+    assert errors[0].startswith(StoreUnreachable.__name__)
+    assert "no later event is stored either" in errors[0]
+    assert "only its own session" in errors[0]
+    assert "the model's turn that calls send_email was not stored" in errors[1]
+    assert _ledger(pg_store, run) == []
+    status, session = call(api, "GET", f"/v1/sessions/{run.session_id}", token)
+    assert status == 200 and session["events"] == []
