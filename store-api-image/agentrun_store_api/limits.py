@@ -32,9 +32,9 @@ WAITING_PER_ATTEMPT: Final = 64
 
 # While other attempts' requests are here too, an attempt whose requests took more than
 # FAIR_SHARE of the store API's time lately (decayed by half each SHARE_HALF_LIFE_SECONDS)
-# waits up to FAIR_PAUSE_SECONDS before each of them, in its turn: a runner that writes as
-# fast as it can (within its quotas) leaves the others the rest. A runner whose model thinks
-# between calls never comes near it.
+# waits up to FAIR_PAUSE_SECONDS before each of them, in its turn, and is then served one
+# request at a time: a runner that writes as fast as it can (within its quotas) leaves the
+# others the rest. A runner whose model thinks between calls never comes near it.
 FAIR_SHARE: Final = 0.5
 FAIR_PAUSE_SECONDS: Final = 0.01
 SHARE_HALF_LIFE_SECONDS: Final = 1.0

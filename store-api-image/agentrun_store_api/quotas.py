@@ -110,6 +110,9 @@ class _Attempt:
         self.turn = asyncio.Semaphore(limits.IN_FLIGHT_PER_ATTEMPT)
         self.waiting = 0
         self.spent = Spent()
+        # Over its fair share while others are here, an attempt is served one request at
+        # a time (fair_pause): its other places wait behind this.
+        self.lane = asyncio.Lock()
 
 
 class Quotas:
@@ -157,13 +160,14 @@ class Quotas:
                                    len(self._here) > 1)
                 if pause:
                     await asyncio.sleep(pause)
-                started = time.monotonic()
-                try:
-                    yield
-                finally:
-                    done = time.monotonic()
-                    attempt.spent.add(done - started, done)
-                    self._spent.add(done - started, done)
+                async with attempt.lane if pause else contextlib.nullcontext():
+                    started = time.monotonic()
+                    try:
+                        yield
+                    finally:
+                        done = time.monotonic()
+                        attempt.spent.add(done - started, done)
+                        self._spent.add(done - started, done)
             finally:
                 attempt.turn.release()
         finally:

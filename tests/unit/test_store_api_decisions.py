@@ -4,13 +4,15 @@ which quota a write would exceed."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from agentrun_store_api import limits
-from agentrun_store_api.auth import review_refusal
-from agentrun_store_api.quotas import Usage, fair_pause, over_quota
+from agentrun_store_api.auth import Caller, review_refusal
+from agentrun_store_api.quotas import Quotas, Usage, fair_pause, over_quota
 from agentrun_store_api.routes import ROUTES, refusal_of_journal_close, refusal_of_outcome
 
 from agentrun import store
@@ -148,6 +150,51 @@ def test_which_quota_a_write_would_exceed(used: Usage, more: Usage, said: str | 
 def test_a_runner_taking_most_of_the_store_apis_time_waits_its_share(
         mine: float, everyone: float, others: bool, pause: float) -> None:
     assert fair_pause(mine, everyone, others) == pytest.approx(pause)
+
+
+def _caller(run_uid: str) -> Caller:
+    return Caller(namespace="team-a", pod=f"{run_uid}-1", run_name=run_uid, run_uid=run_uid,
+                  attempt=1, agent="support-agent", user_id="u", session_id="s",
+                  app_name="team-a/support-agent", input_digest=None)
+
+
+def test_a_runner_over_its_share_is_served_one_request_at_a_time_while_others_wait() -> None:
+    """Its IN_FLIGHT_PER_ATTEMPT places become one while it is over its share and another
+    attempt is here; alone, or within its share, it keeps them all."""
+
+    async def most_at_once(flooder_over: bool, other_here: bool) -> int:
+        quotas = Quotas(engine=None)  # type: ignore[arg-type]  # turn() reads no store
+        flooder, other = _caller("flooder"), _caller("other")
+        if flooder_over:
+            now = time.monotonic()
+            quotas._of(flooder).spent.add(1.0, now)
+            quotas._spent.add(1.0, now)
+        inside, most = 0, 0
+        release = asyncio.Event()
+
+        async def held() -> None:  # the other attempt's request, in the store meanwhile
+            async with quotas.turn(other):
+                await release.wait()
+
+        async def request() -> None:
+            nonlocal inside, most
+            async with quotas.turn(flooder):
+                inside += 1
+                most = max(most, inside)
+                await asyncio.sleep(0.005)
+                inside -= 1
+
+        holder = asyncio.create_task(held()) if other_here else None
+        await asyncio.sleep(0)
+        await asyncio.gather(*(request() for _ in range(4)))
+        release.set()
+        if holder is not None:
+            await holder
+        return most
+
+    assert limits.IN_FLIGHT_PER_ATTEMPT == 2
+    assert [asyncio.run(most_at_once(over, here)) for over, here in (
+        (True, True), (True, False), (False, True))] == [1, 2, 2]
 
 
 def test_a_real_runs_first_event_fits_and_every_route_has_a_body_limit() -> None:
