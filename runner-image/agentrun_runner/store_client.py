@@ -154,9 +154,7 @@ class StoreClient:
     async def request(self, method: str, path: str, body: Any = None, *,
                       raw: bytes | None = None, params: Mapping[str, Any] | None = None,
                       missing_ok: bool = False) -> Any:
-        if self._turns or self._landing.locked():
-            async with self._landing:
-                await self._turns_alone()
+        await self._land()
         return await self._send(method, path, body, raw=raw, params=params,
                                 missing_ok=missing_ok)
 
@@ -168,6 +166,12 @@ class StoreClient:
         of a runner whose ledger records every call. It lands before anything sent after it
         all the same: carried, or appended alone before any other request goes."""
         self._turns.append((session_id, raw))
+
+    async def _land(self) -> None:
+        """Every turn held before now lands (or is lost) before what follows is sent."""
+        if self._turns or self._landing.locked():
+            async with self._landing:
+                await self._turns_alone()
 
     async def _turns_alone(self) -> None:
         """Appends every held turn alone, in order (under `_landing`). A turn that does not
@@ -193,9 +197,7 @@ class StoreClient:
     async def append_event(self, session_id: str, raw: bytes) -> None:
         """Appends an event alone, after every turn held before it; refused after a turn
         that did not land, which the event would follow in the stored session."""
-        if self._turns or self._landing.locked():
-            async with self._landing:
-                await self._turns_alone()
+        await self._land()
         self._no_turn_lost(None)
         await self._send("POST", f"/v1/sessions/{session_id}/events", raw=raw)
 
@@ -271,8 +273,11 @@ class StoreClient:
     async def request_approval(self, seq: int, tool: str, call_id: str,
                                args: Mapping[str, Any], digest: str,
                                timeout_seconds: int) -> None:
-        """Writes down that this call waits for a decision (never started)."""
-        await self.request("POST", "/v1/approvals", {
+        """Writes down that this call waits for a decision (never started): not after
+        the model's turn that calls it was lost, as no open is."""
+        await self._land()
+        self._no_turn_lost(tool)
+        await self._send("POST", "/v1/approvals", {
             "seq": seq, "tool": tool, "callId": call_id, "args": dict(args),
             "argsDigest": digest, "timeoutSeconds": timeout_seconds})
 

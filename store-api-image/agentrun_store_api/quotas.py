@@ -160,7 +160,9 @@ class Quotas:
                                    len(self._here) > 1)
                 if pause:
                     await asyncio.sleep(pause)
-                async with attempt.lane if pause else contextlib.nullcontext():
+                # A request that need not pause still waits behind one that did.
+                async with attempt.lane if pause or attempt.lane.locked() \
+                        else contextlib.nullcontext():
                     started = time.monotonic()
                     try:
                         yield

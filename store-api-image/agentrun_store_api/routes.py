@@ -422,7 +422,10 @@ class Routes:
         turn = field(data, "turn", dict)
         session_id = field(turn, "sessionId", str)
         self._own_session(caller, session_id)
-        raw = json.dumps(field(turn, "event", dict), separators=(",", ":"))
+        # Measured as its UTF-8 bytes, as the runner measures it and as an event appended
+        # alone is counted (escaped, a non-ASCII turn would count up to six times over).
+        raw = json.dumps(field(turn, "event", dict), separators=(",", ":"),
+                         ensure_ascii=False).encode()
         if len(raw) > limits.CARRIED_EVENT_BYTES:
             raise Refused(413, f"a carried turn may be {limits.shown(limits.CARRIED_EVENT_BYTES)} "
                                f"at most; this one is {limits.shown(len(raw))}: append it alone")
@@ -483,6 +486,12 @@ class Routes:
         more = Usage(result_bytes=sum(len(json.dumps(c.result, separators=(",", ":")))
                                       for c in closes if c.result is not None))
         if turn is not None:
+            # The open is fenced by its own statement, the turn's append is not: the
+            # attempt must be live before the turn goes into its session, as for an append.
+            status = await store.attempt_status(self.engine, caller.run_uid, caller.attempt)
+            if status is not None and status not in RunStatus.LIVE:
+                raise store.AttemptSettled(f"attempt {caller.attempt} of run {caller.run_uid} "
+                                           f"was already settled ({status})", status)
             appended = Usage(events=1, event_bytes=turn[2])
             await self.quotas.take(caller, more + appended)
             # The turn first, in its own commit, as if appended alone just before: a call

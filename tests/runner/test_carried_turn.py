@@ -17,8 +17,12 @@ from agentrun_runner.store_client import StoreClient, StoreSessionService, Store
 from google.adk.events.event import Event
 from google.adk.sessions.session import Session
 from google.genai import types
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import store
+from agentrun.store import adk_tables as adk
+from agentrun.vocabulary import RunStatus
 from tests.runner.conftest import Run, prepare_run, query
 from tests.store_api import RunnerWorld, call
 
@@ -98,6 +102,29 @@ def test_an_open_carries_its_turn_into_its_own_session_only(
     assert status == 413 and "append it alone" in got["error"]
     assert _ledger(pg_store, a) == [(1, "c1")]
     assert _calls_in_session(api, token, a.session_id) == ["c1"]
+    # Its size is its UTF-8 bytes, as the runner measures it: 40 KB of Cyrillic rides (as
+    # escaped JSON it would be 120 KB).
+    cyrillic = {"sessionId": a.session_id, "event": _said(_turn("c2", body="щ" * 20_000))}
+    assert call(api, "POST", "/v1/ledger", token, _open(2, "c2", turn=cyrillic)) == (
+        200, {"closed": []})
+    assert _calls_in_session(api, token, a.session_id) == ["c1", "c2"]
+    stored = query(pg_store, lambda e: _events_stored(e, a.session_id))
+
+    # Once the operator settled the attempt, its turn does not reach the session either:
+    # the open's own statement fences the call, and the turn is checked before it lands.
+    assert query(pg_store, lambda e: store.settle_counting(
+        e, a.uid, 1, RunStatus.FAILED, "Evicted", "evicted")).won
+    late = {"sessionId": a.session_id, "event": _said(_turn("c3"))}
+    status, got = call(api, "POST", "/v1/ledger", token, _open(3, "c3", turn=late))
+    assert status == 403 and "is settled (failed)" in got["error"]
+    assert _ledger(pg_store, a) == [(1, "c1"), (2, "c2")]
+    assert query(pg_store, lambda e: _events_stored(e, a.session_id)) == stored == 2
+
+
+async def _events_stored(engine: AsyncEngine, session_id: str) -> int:
+    async with engine.connect() as conn:
+        return int((await conn.execute(select(func.count()).select_from(adk.events).where(
+            adk.events.c.session_id == session_id))).scalar_one())
 
 
 class CountingClient(StoreClient):
@@ -225,13 +252,18 @@ def test_a_turn_that_fails_alone_fails_only_what_builds_on_it(
                 await client.open_call(1, "send_email", "c1", "sha256:1")
             except Exception as e:
                 errors.append(f"{type(e).__name__}: {e}")
+            try:  # a decision asked for a call of the lost turn is not recorded either
+                await client.request_approval(1, "send_email", "c1", {}, "sha256:1", 60)
+            except Exception as e:
+                errors.append(f"{type(e).__name__}: {e}")
         finally:
             await client.close()
         return ledger, errors
 
     ledger, errors = asyncio.run(go())
-    assert ledger is not None
-    assert len(errors) == 2
+    assert ledger == {"calls": []}
+    assert len(errors) == 3
+    assert errors[2] == errors[1]
     assert errors[0].startswith(StoreUnreachable.__name__)
     assert "no later event is stored either" in errors[0]
     assert "only its own session" in errors[0]
