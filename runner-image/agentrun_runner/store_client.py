@@ -121,8 +121,10 @@ class StoreClient:
         # the lock they land under: nothing sent after a turn reaches the store before it.
         self._turns: list[tuple[str, bytes]] = []
         self._landing = asyncio.Lock()
-        # Why a held turn did not land: no call after it may be opened.
+        # Why a held turn may not have landed: no call after it may be opened. And why one
+        # surely did not (the store refused it alone): no later event may be appended.
         self._turn_lost: BaseException | None = None
+        self._turn_refused: StoreRefused | None = None
 
     def _http(self) -> aiohttp.ClientSession:
         # Made on first use: an aiohttp session belongs to the loop it was made in.
@@ -176,8 +178,8 @@ class StoreClient:
     async def _turns_alone(self) -> None:
         """Appends every held turn alone, in order (under `_landing`). A turn that does not
         land fails no request but the ones that would build on it: the opens of its calls
-        and the session's later events (`_no_turn_lost`); the attempt's own reports (its
-        outcome, usage) still go."""
+        (`_no_turn_lost`) and, when the store refused it, the session's later events; the
+        attempt's own reports (its outcome, usage) still go."""
         while self._turns:
             session_id, raw = self._turns[0]
             try:
@@ -185,6 +187,8 @@ class StoreClient:
             except Exception as e:
                 self._turns.clear()
                 self._turn_lost = e
+                if isinstance(e, StoreRefused) and 400 <= e.status < 500:
+                    self._turn_refused = e
                 logs.warning("session.turn_lost", session=session_id,
                              error=f"{type(e).__name__}: {e}")
                 return
@@ -196,9 +200,15 @@ class StoreClient:
 
     async def append_event(self, session_id: str, raw: bytes) -> None:
         """Appends an event alone, after every turn held before it; refused after a turn
-        that did not land, which the event would follow in the stored session."""
+        the store refused, which the event would follow in the stored session. (A turn
+        whose fate is unknown, its request failed on the way or in the store, may be there:
+        what follows goes, as it did when every event was appended alone.)"""
         await self._land()
-        self._no_turn_lost(None)
+        if self._turn_refused is not None:
+            raise StoreUnreachable(
+                "a model's turn that calls tools was refused by the store, so no later "
+                "event is stored either (the session would lack the turn it follows): "
+                f"{type(self._turn_refused).__name__}: {self._turn_refused}")
         await self._send("POST", f"/v1/sessions/{session_id}/events", raw=raw)
 
     async def _send(self, method: str, path: str, body: Any = None, *,
@@ -333,16 +343,11 @@ class StoreClient:
         self._no_turn_lost(tool)
         return await self._send("POST", "/v1/ledger", body)
 
-    def _no_turn_lost(self, tool: str | None) -> None:
-        if self._turn_lost is None:
-            return
-        why = f"{type(self._turn_lost).__name__}: {self._turn_lost}"
-        if tool is None:
+    def _no_turn_lost(self, tool: str) -> None:
+        if self._turn_lost is not None:
             raise StoreUnreachable(
-                "a model's turn that calls tools was not stored, so no later event is "
-                f"stored either (the session would lack the turn it follows): {why}")
-        raise StoreUnreachable(f"the model's turn that calls {tool} was not stored, so "
-                               f"{tool} is not recorded either: {why}")
+                f"the model's turn that calls {tool} was not stored, so {tool} is not "
+                f"recorded either: {type(self._turn_lost).__name__}: {self._turn_lost}")
 
     async def close_call(self, seq: int, outcome: str, result: Any = None) -> None:
         await self.request("POST", f"/v1/ledger/{seq}/close",

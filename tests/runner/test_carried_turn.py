@@ -265,7 +265,7 @@ def test_a_turn_that_fails_alone_fails_only_what_builds_on_it(
     assert len(errors) == 3
     assert errors[2] == errors[1]
     assert errors[0].startswith(StoreUnreachable.__name__)
-    assert "no later event is stored either" in errors[0]
+    assert "refused by the store, so no later event is stored either" in errors[0]
     assert "only its own session" in errors[0]
     assert "the model's turn that calls send_email was not stored" in errors[1]
     assert _ledger(pg_store, run) == []
