@@ -43,7 +43,7 @@ Runs and attempts (status: vocabulary.RunStatus)
     await get_run(engine, uid) -> Run | None
     await get_attempt(engine, uid, attempt) -> Attempt | None
     await attempt_identity(engine, uid, attempt) -> AttemptIdentity | None   store API
-    await attempt_status(engine, uid, attempt) -> str | None      store API: still live?
+    await ensure_live(engine, uid, attempt)   store API: raises AttemptSettled once settled
     await attempt_usage(engine, uid, attempt) -> AttemptUsage     store API: its quotas
 
 Tools
@@ -167,9 +167,9 @@ from agentrun.store.runs import (
     RunNotRecorded,
     Settled,
     attempt_identity,
-    attempt_status,
     begin_attempt,
     close_run,
+    ensure_live,
     get_attempt,
     get_outcome,
     get_run,
@@ -217,7 +217,6 @@ __all__ = [
     "args_digest",
     "async_url",
     "attempt_identity",
-    "attempt_status",
     "attempt_usage",
     "begin_attempt",
     "check_schema",
@@ -226,6 +225,7 @@ __all__ = [
     "close_run",
     "decide",
     "delete_input",
+    "ensure_live",
     "fork_session",
     "get_agent",
     "get_attempt",

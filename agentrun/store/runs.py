@@ -19,7 +19,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agentrun.store.dialect import upsert_insert
-from agentrun.store.ledger import UNREADABLE, tools_on
+from agentrun.store.ledger import UNREADABLE, AttemptSettled, tools_on
 from agentrun.store.schema import attempts, runs
 from agentrun.store.sessions import session_app
 from agentrun.vocabulary import RunStatus
@@ -458,13 +458,16 @@ async def get_run(engine: AsyncEngine, uid: str) -> Run | None:
     return None if row is None else _run(row)
 
 
-async def attempt_status(engine: AsyncEngine, uid: str, attempt: int) -> str | None:
-    """The attempt's status (vocabulary.RunStatus), None when it was never written: the
-    store API's liveness check, one primary-key read."""
+async def ensure_live(engine: AsyncEngine, uid: str, attempt: int) -> None:
+    """Raises AttemptSettled once the operator settled the attempt (one never written
+    passes): the store API's liveness check, one primary-key read."""
     async with engine.connect() as conn:
-        return (await conn.execute(
+        status = (await conn.execute(
             select(attempts.c.status).where(*_attempt_key(uid, attempt))
         )).scalar_one_or_none()
+    if status is not None and status not in RunStatus.LIVE:
+        raise AttemptSettled(f"attempt {attempt} of run {uid} was already settled ({status}) "
+                             "by the operator", status)
 
 
 async def get_attempt(engine: AsyncEngine, uid: str, attempt: int) -> Attempt | None:

@@ -184,18 +184,16 @@ class StoreClient:
             session_id, raw = self._turns[0]
             try:
                 await self._send("POST", f"/v1/sessions/{session_id}/events", raw=raw)
-            except Exception as e:
+            except BaseException as e:
                 self._turns.clear()
                 self._turn_lost = e
+                if not isinstance(e, Exception):  # cancelled: nothing after it is opened
+                    raise
                 if isinstance(e, StoreRefused) and 400 <= e.status < 500:
                     self._turn_refused = e
                 logs.warning("session.turn_lost", session=session_id,
                              error=f"{type(e).__name__}: {e}")
                 return
-            except BaseException as e:  # cancelled: nothing after it may be opened
-                self._turns.clear()
-                self._turn_lost = e
-                raise
             self._turns.pop(0)
 
     async def append_event(self, session_id: str, raw: bytes) -> None:

@@ -248,9 +248,10 @@ class Authority:
     async def check_live(self, caller: Caller) -> None:
         """Refuses (403) a settled attempt: one primary-key read, for the routes whose own
         statements do not check it."""
-        status = await store.attempt_status(self._engine, caller.run_uid, caller.attempt)
-        if status is not None and status not in RunStatus.LIVE:
-            raise self.settled(caller, status)
+        try:
+            await store.ensure_live(self._engine, caller.run_uid, caller.attempt)
+        except store.AttemptSettled as e:
+            raise self.settled(caller, e.status) from e
 
     async def _runner_of(self, bound: BoundPod) -> tuple[str, int, str]:
         hit = self._pods.get(bound.uid)

@@ -488,10 +488,7 @@ class Routes:
         if turn is not None:
             # The open is fenced by its own statement, the turn's append is not: the
             # attempt must be live before the turn goes into its session, as for an append.
-            status = await store.attempt_status(self.engine, caller.run_uid, caller.attempt)
-            if status is not None and status not in RunStatus.LIVE:
-                raise store.AttemptSettled(f"attempt {caller.attempt} of run {caller.run_uid} "
-                                           f"was already settled ({status})", status)
+            await store.ensure_live(self.engine, caller.run_uid, caller.attempt)
             appended = Usage(events=1, event_bytes=turn[2])
             await self.quotas.take(caller, more + appended)
             # The turn first, in its own commit, as if appended alone just before: a call

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 import pytest
@@ -139,6 +139,15 @@ class CountingClient(StoreClient):
         return await super()._send(method, path, body, **kwargs)
 
 
+async def _failure(pending: Awaitable[Any]) -> str:
+    """What awaiting `pending` raised, as "Type: message"; it must raise."""
+    try:
+        await pending
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    raise AssertionError("it was expected to fail, and did not")
+
+
 def _client(world: RunnerWorld, url: str, run: Run) -> CountingClient:
     tls = world.plane.store_api_tls
     assert tls is not None
@@ -205,10 +214,8 @@ def test_no_call_is_opened_after_its_turn_failed_to_land(
         try:
             await sessions.append_event(stray, _turn("c1"))
             for seq in (1, 2):  # the carrying open, then a parallel call's own
-                try:
-                    await client.open_call(seq, "send_email", f"c{seq}", f"sha256:{seq}")
-                except Exception as e:
-                    errors.append(f"{type(e).__name__}: {e}")
+                errors.append(await _failure(
+                    client.open_call(seq, "send_email", f"c{seq}", f"sha256:{seq}")))
             # Everything else still goes: the runner must still report how it ended.
             await client.request("GET", "/v1/ledger")
         finally:
@@ -242,20 +249,13 @@ def test_a_turn_that_fails_alone_fails_only_what_builds_on_it(
             # Not an open: the turn is appended alone first, is refused, and this request
             # is answered all the same (the runner's own reports must still go).
             ledger = await client.request("GET", "/v1/ledger")
-            try:
-                await sessions.append_event(own, Event(
-                    author="user", invocation_id="inv-1",
-                    content=types.Content(role="user", parts=[types.Part(text="next")])))
-            except Exception as e:
-                errors.append(f"{type(e).__name__}: {e}")
-            try:
-                await client.open_call(1, "send_email", "c1", "sha256:1")
-            except Exception as e:
-                errors.append(f"{type(e).__name__}: {e}")
-            try:  # a decision asked for a call of the lost turn is not recorded either
-                await client.request_approval(1, "send_email", "c1", {}, "sha256:1", 60)
-            except Exception as e:
-                errors.append(f"{type(e).__name__}: {e}")
+            errors.append(await _failure(sessions.append_event(own, Event(
+                author="user", invocation_id="inv-1",
+                content=types.Content(role="user", parts=[types.Part(text="next")])))))
+            errors.append(await _failure(client.open_call(1, "send_email", "c1", "sha256:1")))
+            # A decision asked for a call of the lost turn is not recorded either.
+            errors.append(await _failure(
+                client.request_approval(1, "send_email", "c1", {}, "sha256:1", 60)))
         finally:
             await client.close()
         return ledger, errors
