@@ -130,6 +130,8 @@ def _serving(route: Route, authority: Authority, quotas: Quotas, readiness: Read
             response = _answer(503, {"error": f"the run store could not serve {route.method} "
                                               f"{route.path} (error {ref} in the store API's "
                                               "log); retry"})
+        if request.body_exists and not request.content.is_eof():
+            await _unread(request, response)
         elapsed = time.perf_counter() - started
         if route.ledger:
             metrics.LEDGER_WRITE_DURATION.labels(route.ledger, str(response.status)).observe(
@@ -138,6 +140,24 @@ def _serving(route: Route, authority: Authority, quotas: Quotas, readiness: Read
         return response
 
     return serve
+
+
+async def _unread(request: web.Request, response: web.Response) -> None:
+    """The rest of a refused request's body: read and dropped when it is small (at most
+    limits.DRAIN_BYTES), so the connection serves the runner's next request; else never
+    read: the answer says Connection: close, and the connection closes once it is sent (the
+    server lingers over none of it: serve() sets lingering_time=0)."""
+    declared = request.content_length
+    if declared is None or declared <= limits.DRAIN_BYTES:
+        dropped = 0
+        try:
+            while dropped <= limits.DRAIN_BYTES and not request.content.is_eof():
+                dropped += len(await request.content.readany())
+        except Exception:  # whatever stopped the read (the runner went): not reused
+            pass
+        if request.content.is_eof():
+            return
+    response.force_close()
 
 
 def _refused(route: Route, refusal: Refused, caller: Caller | None,
@@ -220,7 +240,9 @@ async def serve(listen: str, engine: AsyncEngine, api: client.ApiClient, *,
         waiting = asyncio.create_task(readiness.wait_for_schema(engine))
     app = application(Authority(api, engine, audience, namespaces),
                       Routes(engine, Quotas(engine)), readiness)
-    runner = web.AppRunner(app, access_log=None)
+    # lingering_time=0: a body left unread after its answer is not read to its end to keep
+    # the connection (aiohttp would, for up to 10 s); _unread has decided by then.
+    runner = web.AppRunner(app, access_log=None, lingering_time=0)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=tls.context)
     await site.start()

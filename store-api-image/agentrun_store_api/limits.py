@@ -91,6 +91,14 @@ QUERY_BYTES: Final = 8 * KiB
 # ...and at most this many keywords (one LIKE each): stop words are not counted.
 QUERY_WORDS: Final = 64
 
+# A refused request's body that has not all arrived (refused by its Content-Length, or
+# before its route read it): up to this much of it is read and dropped, so the connection
+# serves the runner's next request; past it, the answer says Connection: close and the rest
+# is never read. The HTTP server would read it all otherwise, to keep the connection: a
+# runner sending 16 MiB bodies where 16 KiB belong had the store API read (and decrypt)
+# each one to refuse it, and the other tenants waited behind that (bench/store_flood.py).
+DRAIN_BYTES: Final = 256 * KiB
+
 # Routes with no body (GET, DELETE) take none.
 BODY_BYTES: Final[Mapping[str, int]] = {
     "whoami": 0,

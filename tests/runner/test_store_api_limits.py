@@ -7,7 +7,13 @@ token its pod holds, to the real `agentrun-store-api`; every answer is asserted 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import http.client
 import json
+import socket
+import ssl
+import urllib.parse
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 from agentrun_devtools.processes import free_port
+from agentrun_runner.store_client import StoreClient, StoreRefused
 from agentrun_store_api import limits
 from google.adk.events.event import Event
 from google.genai import types
@@ -57,6 +64,17 @@ def _events_of(url: str, run: Run, attempt: int = 1) -> int:
     return query(url, count)
 
 
+def _too_large(api: str, path: str, token: str, raw: bytes) -> tuple[int, str, str]:
+    """A body over its route's limit, sent as the runner's client sends it: whole, reading
+    the answer even when the store API stops reading the body (it closes the connection
+    after a refusal of a large unread body). The status, the sentence and the answer's
+    Connection header."""
+    with httpx.Client(base_url=api, timeout=30, verify=TRUST) as client:
+        r = client.post(path, content=raw, headers={"Authorization": f"Bearer {token}",
+                                                    "Content-Type": "application/json"})
+    return r.status_code, r.json()["error"], r.headers.get("connection", "")
+
+
 def test_a_flooding_runner_gets_413_and_429_with_sentences(
     pg_store: str, runner_world: RunnerWorld
 ) -> None:
@@ -64,13 +82,11 @@ def test_a_flooding_runner_gets_413_and_429_with_sentences(
     session = run.session_for(1)
 
     # A 16 MiB body where a few hundred bytes belong: refused from its Content-Length.
-    status, got = call(api, "POST", "/v1/ledger", token, raw=b"x" * (16 * MiB))
-    assert status == 413, got
-    assert got["error"] == ("POST /v1/ledger takes a body of at most 216 KiB; this one is "
-                            "16 MiB")
-    status, got = call(api, "POST", "/v1/attempt/outcome", token, raw=b" " * (16 * MiB))
+    assert _too_large(api, "/v1/ledger", token, b"x" * (16 * MiB)) == (
+        413, "POST /v1/ledger takes a body of at most 216 KiB; this one is 16 MiB", "close")
+    status, error, _ = _too_large(api, "/v1/attempt/outcome", token, b" " * (16 * MiB))
     assert status == 413 and "POST /v1/attempt/outcome takes a body of at most 64 KiB" \
-        in got["error"]
+        in error
     # ...and counted while read, when no Content-Length says it first (chunked).
     with httpx.Client(base_url=api, timeout=30, verify=TRUST) as client:
         answer = client.post("/v1/ledger", headers={"Authorization": f"Bearer {token}"},
@@ -80,9 +96,10 @@ def test_a_flooding_runner_gets_413_and_429_with_sentences(
 
     # A 300,000-word memory query: far over the route's body limit.
     words = " ".join(f"w{i}" for i in range(300_000))
-    status, got = call(api, "POST", "/v1/memory/search", token, {"query": words})
-    assert status == 413 and got["error"].startswith(
-        "POST /v1/memory/search takes a body of at most 32 KiB; this one is "), got
+    status, error, _ = _too_large(api, "/v1/memory/search", token,
+                                  json.dumps({"query": words}).encode())
+    assert status == 413 and error.startswith(
+        "POST /v1/memory/search takes a body of at most 32 KiB; this one is "), error
     # Under the body limit, over the words a search looks for (one LIKE each).
     status, got = call(api, "POST", "/v1/memory/search", token,
                        {"query": " ".join(f"w{i}" for i in range(100))})
@@ -142,6 +159,80 @@ def test_a_flooding_runner_gets_413_and_429_with_sentences(
     other, _, other_token = _begun(pg_store, runner_world, "neighbour")
     assert call(api, "POST", f"/v1/sessions/{other.session_for(1)}/events", other_token,
                 raw=_event("hello"))[0] == 200
+
+
+@contextlib.contextmanager
+def _connected(api: str) -> Iterator[ssl.SSLSocket]:
+    """One TLS connection to the store API, verified as a runner verifies it; a read that
+    waits 10 s fails."""
+    url = urllib.parse.urlsplit(api)
+    assert url.hostname is not None and url.port is not None
+    with socket.create_connection((url.hostname, url.port), timeout=10) as plain, \
+            TRUST.wrap_socket(plain, server_hostname=url.hostname) as conn:
+        yield conn
+
+
+def _head(method: str, path: str, token: str, length: int) -> bytes:
+    return (f"{method} {path} HTTP/1.1\r\nHost: store\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n").encode()
+
+
+def _answer_on(conn: ssl.SSLSocket, method: str) -> tuple[int, str | None, Any]:
+    """The next answer on `conn`: its status, its Connection header, its JSON."""
+    answer = http.client.HTTPResponse(conn, method=method)  # type: ignore[arg-type]
+    answer.begin()
+    return answer.status, answer.getheader("Connection"), json.loads(answer.read())
+
+
+def test_a_large_body_refused_unread_is_never_read(
+    pg_store: str, runner_world: RunnerWorld
+) -> None:
+    """Refusing a body costs the store API no more than its headers: 16 MiB announced where
+    216 KiB belong is answered after its headers and 1 KiB of it, with Connection: close,
+    and the connection closes there (the HTTP server would otherwise read the other 16 MiB
+    to keep it). A small refused body is read and dropped, and its connection serves the
+    runner's next request."""
+    _, api, token = _begun(pg_store, runner_world, "unread")
+    with _connected(api) as conn:
+        conn.sendall(_head("POST", "/v1/ledger", token, 16 * MiB) + b"x" * 1024)
+        assert _answer_on(conn, "POST") == (413, "close", {
+            "error": "POST /v1/ledger takes a body of at most 216 KiB; this one is 16 MiB"})
+        assert conn.recv(1) == b""  # closed: the rest of the body was not waited for
+    with _connected(api) as conn:
+        conn.sendall(_head("POST", "/v1/attempt/begin", token, 8 * 1024) + b" " * 8 * 1024)
+        status, connection, got = _answer_on(conn, "POST")
+        assert (status, connection) == (413, None), got
+        assert got["error"] == ("POST /v1/attempt/begin takes a body of at most 4 KiB; this "
+                                "one is 8 KiB")
+        conn.sendall(f"GET /v1/ledger HTTP/1.1\r\nHost: store\r\nAuthorization: Bearer "
+                     f"{token}\r\n\r\n".encode())
+        assert _answer_on(conn, "GET") == (200, None, {"calls": []})
+
+
+async def _runner_sends(api: str, world: RunnerWorld, run: Run, path: str,
+                        raw: bytes) -> StoreRefused:
+    tls = world.plane.store_api_tls
+    assert tls is not None
+    client = StoreClient(api, run.identity(1).token_file, tls.ca.read_text())
+    try:
+        with pytest.raises(StoreRefused) as refused:
+            await client.request("POST", path, raw=raw)
+        return refused.value
+    finally:
+        await client.close()
+
+
+def test_the_runners_client_reads_the_refusal_of_a_body_never_read(
+    pg_store: str, runner_world: RunnerWorld
+) -> None:
+    """The runner's own client (aiohttp) gets the sentence of a large body's refusal,
+    though the store API closes the connection without reading that body."""
+    run, api, _ = _begun(pg_store, runner_world, "unread-runner")
+    for size, shown in ((300 * 1024, "300 KiB"), (16 * MiB, "16 MiB"), (40 * MiB, "40 MiB")):
+        refused = asyncio.run(_runner_sends(api, runner_world, run, "/v1/ledger",
+                                            b"x" * size))
+        assert (refused.status, refused.message) == (
+            413, f"POST /v1/ledger takes a body of at most 216 KiB; this one is {shown}")
 
 
 def test_an_open_carries_the_closes_of_earlier_calls(
