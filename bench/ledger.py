@@ -18,7 +18,9 @@ bound to that pod by TokenRequest, exactly what the store API verifies in a clus
    ledger write checks it in its own statement, as the direct write does. Interleaved with
    them, the HTTP floor: the same two requests (sizes, token, TLS, aiohttp on both ends)
    to a bare aiohttp server in its own process that stores nothing (`--echo-server`), what
-   any store API over HTTPS costs on this machine before it does any work;
+   any store API over HTTPS costs on this machine before it does any work; and the same
+   server writing each row straight (store.open_call / close_call, no token, no checks):
+   what a store API in its own process, in Python over TLS, takes before its own work;
 2. the first call with a token the store API has not verified yet (`--first` each): a new
    attempt's pod and token (TokenReview + pod read), and a refreshed token of a known pod
    (TokenReview only), beside the next, cached, call and a TokenReview alone;
@@ -200,15 +202,29 @@ class TimedStoreClient(StoreClient):
 # -- the HTTP floor: a bare aiohttp server over TLS, storing nothing ---------------------------
 
 
-def echo_server(cert: str, key: str) -> int:
-    """`--echo-server CERT KEY`: answers every POST with `{}` after reading its JSON body, over
-    TLS with the store API's certificate; prints its port, serves until stdin closes."""
-
-    async def answer(request: web.Request) -> web.Response:
-        await request.json()
-        return web.json_response({})
+def echo_server(cert: str, key: str, database_url: str | None = None,
+                uid: str | None = None) -> int:
+    """`--echo-server CERT KEY [DATABASE_URL RUN_UID]`: answers every POST with `{}` after
+    reading its JSON body, over TLS with the store API's certificate; prints its port,
+    serves until stdin closes. With a database, it also writes what the body says straight
+    (store.open_call for `POST /v1/ledger`, store.close_call for `.../{seq}/close`, attempt
+    1 of RUN_UID) and nothing else: no token, no checks, no quotas."""
 
     async def serve() -> None:
+        engine = store.make_engine(database_url) if database_url else None
+
+        async def answer(request: web.Request) -> web.Response:
+            data = await request.json()
+            if engine is not None and uid is not None:
+                path = request.match_info["path"]
+                if path.endswith("/close"):
+                    await store.close_call(engine, uid, 1, int(path.split("/")[-2]),
+                                           data["outcome"], data.get("result"))
+                else:
+                    await store.open_call(engine, uid, 1, data["seq"], data["tool"],
+                                          data.get("callId"), data["argsDigest"])
+            return web.json_response({})
+
         app = web.Application()
         app.router.add_post("/{path:.*}", answer)
         runner = web.AppRunner(app, access_log=None)
@@ -220,19 +236,22 @@ def echo_server(cert: str, key: str) -> int:
         print(site._server.sockets[0].getsockname()[1], flush=True)  # type: ignore[union-attr]
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
         await runner.cleanup()
+        if engine is not None:
+            await engine.dispose()
 
     asyncio.run(serve())
     return 0
 
 
 @contextlib.contextmanager
-def started_echo_server(world: RunnerWorld) -> Any:
-    """The floor's server, in its own process as the store API is: its URL."""
+def started_echo_server(world: RunnerWorld, *writes_to: str) -> Any:
+    """The floor's server, in its own process as the store API is: its URL. `writes_to`:
+    the database URL and run uid it writes the ledger rows to, when it writes them."""
     tls = world.plane.store_api_tls
     assert tls is not None
     child = subprocess.Popen([sys.executable, __file__, "--echo-server", str(tls.cert),
-                              str(tls.key)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True)
+                              str(tls.key), *writes_to], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None
         port = int(child.stdout.readline())
@@ -255,6 +274,7 @@ class Writes:
     api: list[float]
     api_server: list[float]  # both requests' Server-Timing, summed
     floor: list[float]  # the same two requests to the echo server
+    bare: list[float]  # ...to the echo server that writes them straight
 
 
 def store_ca(world: RunnerWorld) -> str:
@@ -264,17 +284,20 @@ def store_ca(world: RunnerWorld) -> str:
     return tls.ca.read_text()
 
 
-async def ledger_writes(engine: AsyncEngine, world: RunnerWorld, api_url: str, n: int,
-                        warmup: int) -> Writes:
+async def ledger_writes(engine: AsyncEngine, world: RunnerWorld, url: str, api_url: str,
+                        n: int, warmup: int) -> Writes:
     direct_run = await new_attempt(engine, None, "direct")
+    bare_run = await new_attempt(engine, None, "bare")
     api_run = await new_attempt(engine, world, "api")
     assert api_run.identity is not None
     client = TimedStoreClient(api_url, api_run.identity.token_file, store_ca(world))
     served = client.served
-    out = Writes([], [], [], [])
-    with started_echo_server(world) as echo_url:
+    out = Writes([], [], [], [], [])
+    with started_echo_server(world) as echo_url, \
+            started_echo_server(world, url, bare_run.uid) as bare_url:
         # The same client, so the same two requests (token, bodies, headers), to the echo.
         floor = StoreClient(echo_url, api_run.identity.token_file, store_ca(world))
+        bare = StoreClient(bare_url, api_run.identity.token_file, store_ca(world))
         try:
             await client.begin()  # the runner's first call: the token is verified here
             for seq in range(1, warmup + n + 1):
@@ -290,14 +313,22 @@ async def ledger_writes(engine: AsyncEngine, world: RunnerWorld, api_url: str, n
                 await floor.open_call(seq, "send_email", f"c{seq}", DIGEST)
                 await floor.close_call(seq, "ok")
                 t3 = time.perf_counter()
+                await bare.open_call(seq, "send_email", f"c{seq}", DIGEST)
+                await bare.close_call(seq, "ok")
+                t4 = time.perf_counter()
                 if seq > warmup:
                     out.direct.append(t1 - t0)
                     out.api.append(t2 - t1)
                     out.api_server.append(sum(served))
                     out.floor.append(t3 - t2)
+                    out.bare.append(t4 - t3)
         finally:
             await client.close()
             await floor.close()
+            await bare.close()
+    written = await store.ledger(engine, bare_run.uid)
+    assert len(written) == warmup + n and all(r.finished_at for r in written), \
+        "the writing floor did not write every row"
     return out
 
 
@@ -461,9 +492,9 @@ async def adk_run(engine: AsyncEngine, world: RunnerWorld, api_url: str, variant
 # -- the whole bench -------------------------------------------------------------------------
 
 
-async def bench(engine: AsyncEngine, world: RunnerWorld, api_url: str, work: Path,
+async def bench(engine: AsyncEngine, world: RunnerWorld, url: str, api_url: str, work: Path,
                 args: argparse.Namespace, say: Report) -> None:
-    w = await ledger_writes(engine, world, api_url, args.writes, args.warmup)
+    w = await ledger_writes(engine, world, url, api_url, args.writes, args.warmup)
     say(f"\nLedger write per tool call (open_call + close_call, two commits), {args.writes} "
         f"calls after {args.warmup} warm-up, interleaved call by call")
     say("| | p50 | p95 | p99 |\n|---|---|---|---|")
@@ -472,6 +503,10 @@ async def bench(engine: AsyncEngine, world: RunnerWorld, api_url: str, work: Pat
     say(ratio_row("ratio API / direct", w.api, w.direct))
     say(row("the HTTP floor: the same two requests to a bare aiohttp server over TLS that "
             "stores nothing", w.floor))
+    say(row("the floor with the write: the same two requests to that bare server in its own "
+            "process, writing each row straight (store.open_call / close_call, nothing else)",
+            w.bare))
+    say(ratio_row("ratio floor with the write / direct", w.bare, w.direct))
     added = p50(w.api) - p50(w.direct)
     say(f"\nthe store API adds {added * 1000:.2f} ms per tool call (p50 difference), "
         f"{added * 500:.2f} ms per request; of the API's two requests:")
@@ -486,6 +521,11 @@ async def bench(engine: AsyncEngine, world: RunnerWorld, api_url: str, work: Pat
         f"the straight write; the store API's own work over both (its handlers, "
         f"authentication, quotas, its engine): "
         f"{(p50(w.api) - p50(w.direct) - p50(w.floor)) * 1000:.2f} ms")
+    say(f"- the floor with the write (an HTTPS hop to a process that writes straight, nothing "
+        f"else): p50 {p50(w.bare) * 1000:.2f} ms, {p50(w.bare) / p50(w.direct):.2f}x the "
+        f"straight write: what any store API in its own process, in Python over TLS, takes "
+        f"here before its own checks; the store API over it (its token, quotas, checks, "
+        f"answers): {(p50(w.api) - p50(w.bare)) * 1000:.2f} ms per tool call")
     say(f"\nledger write through the store API / straight (p50): "
         f"{p50(w.api) / p50(w.direct):.2f}x (goal: at most 1.50x)")
 
@@ -529,7 +569,7 @@ async def bench(engine: AsyncEngine, world: RunnerWorld, api_url: str, work: Pat
 
 def main() -> int:
     if sys.argv[1:2] == ["--echo-server"]:
-        return echo_server(sys.argv[2], sys.argv[3])
+        return echo_server(*sys.argv[2:6])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--writes", type=int, default=500,
                         help="ledger writes per variant, after the warm-up")
@@ -572,7 +612,7 @@ def main() -> int:
             async def go() -> None:
                 engine = store.make_engine(url)
                 try:
-                    await bench(engine, world, api.url, work, args, say)
+                    await bench(engine, world, url, api.url, work, args, say)
                 finally:
                     await engine.dispose()
 
