@@ -143,17 +143,19 @@ def _serving(route: Route, authority: Authority, quotas: Quotas, readiness: Read
 
 
 async def _unread(request: web.Request, response: web.Response) -> None:
-    """The rest of a refused request's body: read and dropped when it is small (at most
-    limits.DRAIN_BYTES), so the connection serves the runner's next request; else never
-    read: the answer says Connection: close, and the connection closes once it is sent (the
-    server lingers over none of it: serve() sets lingering_time=0)."""
+    """The rest of a refused request's body: read and dropped when it is small (about
+    limits.DRAIN_BYTES at most) and comes within limits.DRAIN_SECONDS, so the connection
+    serves the runner's next request; else not read: the answer says Connection: close,
+    and the connection closes once it is sent (the server lingers over none of it: serve()
+    sets lingering_time=0)."""
     declared = request.content_length
     if declared is None or declared <= limits.DRAIN_BYTES:
         dropped = 0
         try:
-            while dropped <= limits.DRAIN_BYTES and not request.content.is_eof():
-                dropped += len(await request.content.readany())
-        except Exception:  # whatever stopped the read (the runner went): not reused
+            async with asyncio.timeout(limits.DRAIN_SECONDS):
+                while dropped <= limits.DRAIN_BYTES and not request.content.is_eof():
+                    dropped += len(await request.content.readany())
+        except Exception:  # too slow, or the runner went: the connection is not reused
             pass
         if request.content.is_eof():
             return

@@ -98,6 +98,9 @@ QUERY_WORDS: Final = 64
 # runner sending 16 MiB bodies where 16 KiB belong had the store API read (and decrypt)
 # each one to refuse it, and the other tenants waited behind that (bench/store_flood.py).
 DRAIN_BYTES: Final = 256 * KiB
+# ...if it comes within this long: a runner that announces a body and stalls is answered,
+# and its connection closed, after at most this wait.
+DRAIN_SECONDS: Final = 1.0
 
 # Routes with no body (GET, DELETE) take none.
 BODY_BYTES: Final[Mapping[str, int]] = {
