@@ -13,6 +13,14 @@ PROBE_NAMESPACE = "agentrun-policy-probe"
 PROBE_USER = "policy-probe"
 
 
+@pytest.fixture
+def namespace(solo_namespace: str) -> str:
+    """A fresh namespace the session operator leaves alone: these tests read back what the
+    API server stored, and the session operator, once a test elsewhere has started it (the
+    order of a run is not theirs to choose), would settle their runs."""
+    return solo_namespace
+
+
 @pytest.fixture(scope="session")
 def policies(crds: Kubectl) -> Kubectl:
     """The control plane once both admission policies refuse what they should.
