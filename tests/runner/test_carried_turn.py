@@ -44,12 +44,18 @@ def _open(seq: int, call_id: str, **more: Any) -> dict[str, Any]:
             "argsDigest": f"sha256:{seq}", **more}
 
 
-def _begun(url: str, world: RunnerWorld, tag: str, namespace: str) -> tuple[Run, str]:
+def _begun(url: str, world: RunnerWorld, tag: str, namespace: str) -> tuple[Run, str, str]:
+    """A run whose runner has begun and created its session: (run, store API, token)."""
     run = prepare_run(url, tag, session_id=f"chat-{tag}", namespace=namespace)
     api, token = world.store_api(url).url, run.identity(1).token
     assert call(api, "POST", "/v1/attempt/begin", token, {})[0] == 200
     assert call(api, "POST", "/v1/sessions", token, {"sessionId": run.session_id})[0] == 200
-    return run, token
+    return run, api, token
+
+
+def _session(run: Run, session_id: str) -> Session:
+    """Session `session_id` as the run's runner holds it (its app and user)."""
+    return Session(id=session_id, app_name=run.agent, user_id=run.user_id)
 
 
 def _calls_in_session(api: str, token: str, session_id: str) -> list[str]:
@@ -67,9 +73,8 @@ def test_an_open_carries_its_turn_into_its_own_session_only(
     pg_store: str, runner_world: RunnerWorld
 ) -> None:
     other_ns = runner_world.create_namespace(f"turn-b-{runner_world.namespace[-6:]}")
-    a, token = _begun(pg_store, runner_world, "turn-a", runner_world.namespace)
-    b, b_token = _begun(pg_store, runner_world, "turn-b", other_ns)
-    api = runner_world.store_api(pg_store).url
+    a, api, token = _begun(pg_store, runner_world, "turn-a", runner_world.namespace)
+    b, _, b_token = _begun(pg_store, runner_world, "turn-b", other_ns)
 
     # Carried: the turn lands in the session, the call on the ledger.
     turn = {"sessionId": a.session_id, "event": _said(_turn("c1", to="bob"))}
@@ -158,10 +163,9 @@ def _client(world: RunnerWorld, url: str, run: Run) -> CountingClient:
 def test_a_held_turn_lands_first_carried_or_alone(
     pg_store: str, runner_world: RunnerWorld
 ) -> None:
-    run, token = _begun(pg_store, runner_world, "held", runner_world.namespace)
-    api = runner_world.store_api(pg_store).url
+    run, api, token = _begun(pg_store, runner_world, "held", runner_world.namespace)
     assert run.session_id is not None
-    session = Session(id=run.session_id, app_name=run.agent, user_id=run.user_id)
+    session = _session(run, run.session_id)
 
     async def go() -> Mapping[str, list[str]]:
         client = _client(runner_world, pg_store, run)
@@ -201,11 +205,10 @@ def test_a_held_turn_lands_first_carried_or_alone(
 def test_no_call_is_opened_after_its_turn_failed_to_land(
     pg_store: str, runner_world: RunnerWorld
 ) -> None:
-    run, token = _begun(pg_store, runner_world, "lost", runner_world.namespace)
-    api = runner_world.store_api(pg_store).url
+    run, api, token = _begun(pg_store, runner_world, "lost", runner_world.namespace)
     assert run.session_id is not None
     # The turn names another session than the attempt's own: the store refuses it.
-    stray = Session(id="not-this-runs-session", app_name=run.agent, user_id=run.user_id)
+    stray = _session(run, "not-this-runs-session")
 
     async def go() -> list[str]:
         client = _client(runner_world, pg_store, run)
@@ -234,11 +237,9 @@ def test_no_call_is_opened_after_its_turn_failed_to_land(
 def test_a_turn_that_fails_alone_fails_only_what_builds_on_it(
     pg_store: str, runner_world: RunnerWorld
 ) -> None:
-    run, token = _begun(pg_store, runner_world, "alone", runner_world.namespace)
-    api = runner_world.store_api(pg_store).url
+    run, api, token = _begun(pg_store, runner_world, "alone", runner_world.namespace)
     assert run.session_id is not None
-    stray = Session(id="not-this-runs-session", app_name=run.agent, user_id=run.user_id)
-    own = Session(id=run.session_id, app_name=run.agent, user_id=run.user_id)
+    stray, own = _session(run, "not-this-runs-session"), _session(run, run.session_id)
 
     async def go() -> tuple[Any, list[str]]:
         client = _client(runner_world, pg_store, run)
