@@ -54,9 +54,20 @@ lint: venv ## ruff and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# Two pytest processes at once (pytest-xdist, a test file at a time), each with its own control
+# plane, development node, Postgres and operator (tests/cluster_fixtures.py): the suite waits
+# on real parts far more than it computes. Not more than two on these 2-core machines: the
+# sub-second eviction tests need a core free. PYTEST_WORKERS=0 runs everything in one process.
+PYTEST_WORKERS ?= 2
+PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+
+# What the tests need built before they start. .ci/run builds the peers in the background
+# instead (TEST_BUILDS=controlplane): the tests that run them wait for that build's lock.
+TEST_BUILDS ?= controlplane peers
+
 .PHONY: test
-test: venv controlplane peers ## unit + integration tests (real control plane, real Postgres, Argo CD and kstatus as their own code)
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+test: venv $(TEST_BUILDS) ## unit + integration tests (real control plane, real Postgres, Argo CD and kstatus as their own code)
+	$(VENV)/bin/pytest $(PYTEST_PARALLEL) --durations=20 $(PYTEST_ARGS)
 
 .PHONY: dev-cluster
 dev-cluster: venv ## start the control plane + development node in the background

@@ -20,6 +20,7 @@ its image in the `io.containerd.image.name` annotation, fully qualified
 from __future__ import annotations
 
 import argparse
+import fcntl
 import fnmatch
 import hashlib
 import json
@@ -391,9 +392,19 @@ def build_image(buildah: Buildah, cache: Path, image: Image, base: str) -> Path:
 
 
 def build(images: Sequence[Image], cache: Path | None = None) -> dict[str, Path]:
-    """Build the base and the images; returns each image's archive by short name."""
+    """Build the base and the images; returns each image's archive by short name.
+
+    One build at a time per cache: CI builds the images in the background while the tests
+    that need them may already ask (and two builds would share buildah's storage and apt);
+    a second caller waits for the first, then finds its archives current."""
     cache = cache or cache_root()
     cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / "build.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build(images, cache)
+
+
+def _build(images: Sequence[Image], cache: Path) -> dict[str, Path]:
     ensure_tools()
     base = base_key()
     # The warm path: nothing changed, nothing to start buildah for.

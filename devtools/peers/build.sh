@@ -37,6 +37,11 @@ sources=$(cd "$here" && cat argocd-health/go.mod argocd-health/go.sum argocd-hea
 key="argocd-${argocd_version}_${argocd_go}_cli-utils-${cliutils_version}_${kstatus_go}_${sources}"
 cache_root=${AGENTRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentrun}
 bin="$cache_root/peers/$key/bin"
+# One build of a key at a time: both test processes of `make test` and CI's background build
+# may ask at once; a second caller waits here for the first, then finds the binaries.
+mkdir -p "$(dirname "$bin")"
+exec 9>"$(dirname "$bin").lock"
+flock 9
 
 want=(argocd-health kstatus)
 missing=()

@@ -31,6 +31,8 @@ from tests.loader_vectors import (
     plant,
 )
 
+pytestmark = pytest.mark.images
+
 NAMES = {
     "operator": "docker.io/agentrun/operator:dev",
     "store-api": "docker.io/agentrun/store-api:dev",
