@@ -104,6 +104,7 @@ from agentrun.ledger import LedgerEntry
 from agentrun.store.agent_snapshots import get_agent, put_agent
 from agentrun.store.approvals import (
     Approval,
+    TooManyPending,
     approvals_of,
     decide,
     pending_approval,
@@ -138,6 +139,7 @@ from agentrun.store.migrate import StoreNotReady, check_schema, head_revision, m
 from agentrun.store.outbox import OutboxRow, outbox, record_side_effect
 from agentrun.store.outcome import (
     Result,
+    TooManyModels,
     Usage,
     add_usage,
     answer_digest,
@@ -208,6 +210,8 @@ __all__ = [
     "SessionClaim",
     "Settled",
     "StoreNotReady",
+    "TooManyModels",
+    "TooManyPending",
     "Usage",
     "add_usage",
     "answer_digest",
