@@ -185,7 +185,12 @@ from agentrun.store.runs import (
     start_attempt,
 )
 from agentrun.store.sessions import SessionClaim, claim_session, fork_session, session_app
-from agentrun.store.transcript import transcript_facts
+from agentrun.store.transcript import (
+    TranscriptSummary,
+    transcript_facts,
+    transcript_facts_after,
+    transcript_summary,
+)
 from agentrun.store.usage import AttemptUsage, attempt_usage
 
 __all__ = [
@@ -212,6 +217,7 @@ __all__ = [
     "StoreNotReady",
     "TooManyModels",
     "TooManyPending",
+    "TranscriptSummary",
     "Usage",
     "add_usage",
     "answer_digest",
@@ -273,5 +279,7 @@ __all__ = [
     "start_attempt",
     "tools_executed",
     "transcript_facts",
+    "transcript_facts_after",
+    "transcript_summary",
     "usage_changed_since",
 ]
