@@ -44,9 +44,10 @@ controlplane: ## build (or find cached) etcd, kube-apiserver, ..., kubectl, helm
 	bash devtools/controlplane/build.sh
 
 # Argo CD's health-check code and cli-utils' kstatus, which the tests run where those peers'
-# behaviour is the contract (docs/development.md).
+# behaviour is the contract, and the kubelet's $(VAR) expansion, which the development node
+# runs (docs/development.md).
 .PHONY: peers
-peers: ## build (or find cached) argocd-health and kstatus, small commands over Argo CD's and cli-utils' own code
+peers: ## build (or find cached) argocd-health, kstatus and kubelet-expansion, small commands over Argo CD's, cli-utils' and the kubelet's own code
 	bash devtools/peers/build.sh
 
 .PHONY: lint

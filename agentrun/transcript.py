@@ -359,6 +359,19 @@ def transcript(run: Mapping[str, Any], facts: TranscriptFacts | None,
     return shown
 
 
+def summary(run: Mapping[str, Any], found: Any) -> dict[str, Any]:
+    """A Transcript as a list shows it (`found`, a store.TranscriptSummary, or None: no
+    record yet): the run, its usage and its answer's first words, no entries."""
+    shown = transcript(run, None)
+    del shown["entries"]
+    if found is None:
+        return shown
+    if found.answer is not None:
+        shown["result"] = {"preview": preview(found.answer), "attempt": found.answer_attempt}
+    shown["usage"] = usage_shown(found.usage)
+    return shown
+
+
 def preview(text: str) -> str:
     """An answer's first words on one line."""
     line = " ".join(text.split())

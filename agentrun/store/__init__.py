@@ -104,6 +104,7 @@ from agentrun.ledger import LedgerEntry
 from agentrun.store.agent_snapshots import get_agent, put_agent
 from agentrun.store.approvals import (
     Approval,
+    TooManyPending,
     approvals_of,
     decide,
     pending_approval,
@@ -138,6 +139,7 @@ from agentrun.store.migrate import StoreNotReady, check_schema, head_revision, m
 from agentrun.store.outbox import OutboxRow, outbox, record_side_effect
 from agentrun.store.outcome import (
     Result,
+    TooManyModels,
     Usage,
     add_usage,
     answer_digest,
@@ -183,7 +185,12 @@ from agentrun.store.runs import (
     start_attempt,
 )
 from agentrun.store.sessions import SessionClaim, claim_session, fork_session, session_app
-from agentrun.store.transcript import transcript_facts
+from agentrun.store.transcript import (
+    TranscriptSummary,
+    transcript_facts,
+    transcript_facts_after,
+    transcript_summary,
+)
 from agentrun.store.usage import AttemptUsage, attempt_usage
 
 __all__ = [
@@ -208,6 +215,9 @@ __all__ = [
     "SessionClaim",
     "Settled",
     "StoreNotReady",
+    "TooManyModels",
+    "TooManyPending",
+    "TranscriptSummary",
     "Usage",
     "add_usage",
     "answer_digest",
@@ -269,5 +279,7 @@ __all__ = [
     "start_attempt",
     "tools_executed",
     "transcript_facts",
+    "transcript_facts_after",
+    "transcript_summary",
     "usage_changed_since",
 ]

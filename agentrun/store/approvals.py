@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun.store.dialect import upsert_insert
@@ -47,12 +47,32 @@ def _approval(row: object) -> Approval:
     return Approval(**{c: getattr(row, c) for c in Approval.__dataclass_fields__})
 
 
+class TooManyPending(Exception):
+    """The attempt has as many calls waiting for a decision as it may: nothing written."""
+
+    def __init__(self, pending: int) -> None:
+        super().__init__(pending)
+        self.pending = pending
+
+
 async def request_approval(engine: AsyncEngine, uid: str, attempt: int, seq: int,
                            call_id: str, tool: str, args: str, digest: str,
-                           expires_at: datetime) -> Approval:
+                           expires_at: datetime, max_pending: int | None = None) -> Approval:
     """Writes down that call `call_id` waits for a decision (once: the same call asked
-    again, by a runner whose first answer was lost, is the same wait). Returns it."""
+    again, by a runner whose first answer was lost, is the same wait). Returns it. With
+    `max_pending`, a new call of an attempt that has that many waiting already raises
+    TooManyPending (each waiting call is a row of up to its arguments' size)."""
     async with engine.begin() as conn:
+        if max_pending is not None:
+            known = (await conn.execute(select(approvals.c.call_id).where(
+                approvals.c.run_uid == uid, approvals.c.call_id == call_id))).first()
+            if known is None:
+                pending = int((await conn.execute(
+                    select(func.count()).select_from(approvals).where(
+                        approvals.c.run_uid == uid, approvals.c.attempt == attempt,
+                        approvals.c.decision.is_(None)))).scalar_one())
+                if pending >= max_pending:
+                    raise TooManyPending(pending)
         await conn.execute(
             upsert_insert(conn, approvals).values(
                 run_uid=uid, call_id=call_id, attempt=attempt, seq=seq, tool=tool, args=args,

@@ -89,13 +89,29 @@ async def get_result(engine: AsyncEngine, uid: str) -> Result | None:
     return Result(row.attempt, row.text, row.json, row.digest, row.created_at)
 
 
+class TooManyModels(Exception):
+    """The run has reported usage of as many distinct model names as it may: nothing
+    written (each name is a usage row of every attempt that reports it)."""
+
+    def __init__(self, models: int) -> None:
+        super().__init__(models)
+        self.models = models
+
+
 async def add_usage(engine: AsyncEngine, uid: str, attempt: int, model: str,
                     input_tokens: int, output_tokens: int,
-                    cost_micro_usd: int | None) -> int:
+                    cost_micro_usd: int | None, max_models: int | None = None) -> int:
     """Adds one model call of `model` to the attempt's usage; `cost_micro_usd` None: the
-    model has no known price. Returns the attempt's model calls of that model so far."""
+    model has no known price. Returns the attempt's model calls of that model so far.
+    With `max_models`, a model name new to the run once the run has reported that many
+    distinct names raises TooManyModels."""
     now = datetime.now(UTC)
     async with engine.begin() as conn:
+        if max_models is not None:
+            names = {str(n) for n in (await conn.execute(
+                select(usage.c.model).where(usage.c.run_uid == uid).distinct())).scalars()}
+            if model not in names and len(names) >= max_models:
+                raise TooManyModels(len(names))
         stmt = upsert_insert(conn, usage).values(
             run_uid=uid, attempt=attempt, model=model, model_calls=1,
             input_tokens=input_tokens, output_tokens=output_tokens,

@@ -45,6 +45,13 @@ followed by `/`, is rewritten with the volume's local directory (with the mount'
 in its place; the longest matching mountPath wins. Nothing else (command, args,
 workingDir) is rewritten.
 
+`$(VAR)` in env values, command and args is expanded as a kubelet expands it, by the
+kubelet's own code (devtools/peers/kubelet-expansion over
+k8s.io/kubernetes/third_party/forked/golang/expansion, at the control plane's release): a
+value sees only the variables declared before it, `$$` is a literal `$`, an undefined
+reference stays as written, and command and args see the whole env. So a pod whose env
+would expand a Secret into a tenant's text does so here too.
+
 When a kubelet cannot start a container, neither does this node, and it reports what a
 kubelet reports, retrying every RETRY_SECONDS and on every event of the pod:
 
@@ -90,7 +97,7 @@ from agentrun.vocabulary import (
     SIMULATE_NODE_PRESSURE_EVICTION,
     SIMULATE_OOM,
 )
-from agentrun_devtools import runner_launcher
+from agentrun_devtools import peers, runner_launcher
 from agentrun_devtools.processes import child_setup
 
 log = logging.getLogger("devnode")
@@ -499,7 +506,6 @@ class DevNode:
         if (container.image or "").endswith(UNPULLABLE_TAG):
             self._report_pull_failure(pod, container)
             return
-        argv = [*(container.command or []), *(container.args or [])]
         pod_dir = self.work_dir / f"{namespace}_{name}_{uid[:8]}"
         pod_dir.mkdir(parents=True, exist_ok=True)
         # A kubelet mounts the volumes first, then makes the container's configuration.
@@ -516,7 +522,7 @@ class DevNode:
                 about_container=False)
             return
         try:
-            env = self._env(pod, container, mounts)
+            env, argv = self._env(pod, container, mounts)
         except ContainerConfigError as e:
             self._block(pod, container, "CreateContainerConfigError", str(e),
                         event=("Failed", f"Error: {e}"), about_container=True)
@@ -876,9 +882,11 @@ class DevNode:
 
     # -- small pieces ------------------------------------------------------------------
 
-    def _env(self, pod: Any, container: Any, mounts: Mapping[str, Path]) -> dict[str, str]:
-        """The process's environment: a few basics, then the container's env with
-        `valueFrom` resolved and mountPaths mapped (`mapped_env`). Raises
+    def _env(self, pod: Any, container: Any,
+             mounts: Mapping[str, Path]) -> tuple[dict[str, str], list[str]]:
+        """The process's environment and argv: a few basics, then the container's env with
+        `valueFrom` resolved, `$(VAR)` expanded in env, command and args by the kubelet's
+        own code (peers.expand), and mountPaths mapped (`mapped_env`). Raises
         ContainerConfigError where a kubelet reports CreateContainerConfigError."""
         env = {
             "PATH": os.pathsep.join(p for p in (self.extra_path, os.environ.get("PATH", "")) if p),
@@ -887,15 +895,19 @@ class DevNode:
             "PYTHONUNBUFFERED": "1",
             "HOSTNAME": pod.metadata.name,
         }
-        declared: dict[str, str] = {}
+        listed: list[tuple[str, str, bool]] = []
         for var in container.env or []:
             if var.value_from is not None:
                 value = self._resolve(pod, var.value_from)
                 if value is not None:
-                    declared[var.name] = value
+                    listed.append((var.name, value, True))
             else:
-                declared[var.name] = var.value or ""
-        return {**env, **mapped_env(declared, mounts)}
+                listed.append((var.name, var.value or "", False))
+        expanded = peers.expand(listed, container.command or [], container.args or [])
+        # As in the container runtime, a later duplicate wins.
+        declared = dict(expanded.env)
+        return ({**env, **mapped_env(declared, mounts)},
+                [*expanded.command, *expanded.args])
 
     def _resolve(self, pod: Any, source: Any) -> str | None:
         """One env valueFrom, with a kubelet's messages for what is missing; None for a
@@ -1008,6 +1020,8 @@ def main(argv: list[str] | None = None) -> None:
         launcher = runner_launcher.build(python)
     except runner_launcher.LauncherUnavailable as e:
         parser.exit(1, f"devnode: {e}\n")
+    # Built (or found) before the first pod, so a missing Go toolchain fails here, once.
+    peers.expansion_binary()
     api = config.new_client_from_config(config_file=args.kubeconfig)
     # The launcher's directory first: the operator's command `agentrun-runner` then starts
     # the runner isolated, as in the runner image, not pip's console script beside Python.

@@ -4,7 +4,10 @@ devtools/peers/build.sh builds two small Go commands from the module proxy (cach
 outside the checkout, like the control plane): `argocd-health`, over Argo CD's health-check
 code (how Argo CD runs the chart's health.lua scripts), and `kstatus`, over cli-utils'
 kstatus (how Flux and cli-utils read our conditions). Both read objects as JSON on stdin
-and answer one JSON line per object; this module starts them and reads the answers.
+and answer one JSON line per object; this module starts them and reads the answers. A
+third, `kubelet-expansion`, over the kubelet's own `$(VAR)` expansion
+(k8s.io/kubernetes/third_party/forked/golang/expansion, at the control plane's release),
+expands a container's env, command and args for the development node (`expand`).
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ import atexit
 import datetime
 import functools
 import json
+import os
 import subprocess
 import threading
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +34,45 @@ def binaries() -> Path:
     """The directory holding argocd-health and kstatus, building them on first use (once
     per process: the tests call the commands thousands of times)."""
     return built(BUILD_SCRIPT, "AGENTRUN_PEERS_BIN")
+
+
+@functools.cache
+def expansion_binary() -> Path:
+    """The kubelet-expansion command, building it on first use. It has a cache key of its
+    own (`build.sh kubelet-expansion`): the development node needs it, Argo CD not."""
+    given = os.environ.get("AGENTRUN_KUBELET_EXPANSION")
+    if given:
+        return Path(given)
+    done = subprocess.run(["bash", str(BUILD_SCRIPT), "kubelet-expansion"], check=True,
+                          stdout=subprocess.PIPE, text=True)
+    return Path(done.stdout.strip().splitlines()[-1]) / "kubelet-expansion"
+
+
+@dataclass(frozen=True)
+class Expanded:
+    """A container's env (in its order, duplicates kept), command and args as the kubelet
+    hands them to the container runtime."""
+
+    env: list[tuple[str, str]]
+    command: list[str]
+    args: list[str]
+
+
+def expand(env: Sequence[tuple[str, str, bool]], command: Sequence[str] = (),
+           args: Sequence[str] = (), timeout: float = 30) -> Expanded:
+    """`env` (name, value, resolved) expanded as the kubelet does: a value is expanded
+    against the variables before it, a `resolved` one (a valueFrom the caller looked up)
+    is taken as it is; command and args against the whole resolved env."""
+    document = {"env": [{"name": n, "resolved": v} if resolved else {"name": n, "value": v}
+                        for n, v, resolved in env],
+                "command": list(command), "args": list(args)}
+    done = subprocess.run([str(expansion_binary())], input=json.dumps(document),
+                          capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"kubelet-expansion exited {done.returncode}: {done.stderr.strip()}")
+    out = json.loads(done.stdout)
+    return Expanded(env=[(e["name"], e["value"]) for e in out["env"]],
+                    command=list(out["command"]), args=list(out["args"]))
 
 
 def _jsonable(value: Any) -> Any:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the peers' own code that the tests run where a peer's behaviour is the contract:
-# argocd-health (Argo CD's health-check code, for the chart's health.lua scripts) and
-# kstatus (cli-utils' kstatus, as Flux reads our conditions), each a small command in a
+# argocd-health (Argo CD's health-check code, for the chart's health.lua scripts),
+# kstatus (cli-utils' kstatus, as Flux reads our conditions) and kubelet-expansion (the
+# kubelet's own $(VAR) expansion, for the development node's pods), each a small command in a
 # wrapper module beside this script, from the Go module proxy at the versions pinned there.
 # The binaries are cached outside the checkout, keyed by those versions, the Go toolchains
 # and the wrappers' own sources. Prints the bin directory on its last line, like
@@ -9,6 +10,7 @@
 #
 #   devtools/peers/build.sh               # build if missing, print the bin directory
 #   AGENTRUN_CACHE=/somewhere build.sh    # choose the cache root (default ~/.cache/agentrun)
+#   devtools/peers/build.sh kubelet-expansion   # build that one if missing, print its bin directory
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -20,6 +22,34 @@ required() {
 toolchain() {
   awk '$1=="toolchain" {print $2; found=1; exit} END {if (!found) print ""}' "$1"
 }
+cache_root=${AGENTRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentrun}
+export CGO_ENABLED=0
+
+# kubelet-expansion is keyed on its own: it follows the control plane's Kubernetes release
+# (pinned in its go.mod like devtools/controlplane/kubernetes/go.mod), and a change of it
+# must not rebuild Argo CD.
+k8s_version=$(required k8s.io/kubernetes "$here/kubelet-expansion/go.mod")
+[[ $k8s_version =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ ]] || { echo "cannot read the pinned versions (got '$k8s_version')" >&2; exit 1; }
+expansion_go=$(toolchain "$here/kubelet-expansion/go.mod")
+expansion_go=${expansion_go:-$(go env GOVERSION)}
+expansion_sources=$(cd "$here" && cat kubelet-expansion/go.mod kubelet-expansion/go.sum \
+  kubelet-expansion/*.go | sha256sum | cut -c1-12)
+expansion_bin="$cache_root/peers/kubelet-expansion_k8s-${k8s_version}_${expansion_go}_${expansion_sources}/bin"
+if [ ! -x "$expansion_bin/kubelet-expansion" ]; then
+  mkdir -p "$expansion_bin"
+  scratch=$(mktemp -d)
+  cp -r "$here/kubelet-expansion" "$scratch/"
+  echo "building kubelet-expansion ..." >&2
+  (cd "$scratch/kubelet-expansion" && GOTOOLCHAIN=$expansion_go go build -trimpath -ldflags "-s -w" \
+    -o "$expansion_bin/.kubelet-expansion.tmp" .)
+  mv "$expansion_bin/.kubelet-expansion.tmp" "$expansion_bin/kubelet-expansion"
+  rm -rf "$scratch"
+fi
+if [ "${1:-}" = kubelet-expansion ]; then
+  echo "$expansion_bin"
+  exit 0
+fi
+
 argocd_version=$(required github.com/argoproj/argo-cd/v3 "$here/argocd-health/go.mod")
 cliutils_version=$(required sigs.k8s.io/cli-utils "$here/kstatus/go.mod")
 for v in "$argocd_version" "$cliutils_version"; do
@@ -35,7 +65,6 @@ kstatus_go=${kstatus_go:-$(go env GOVERSION)}
 sources=$(cd "$here" && cat argocd-health/go.mod argocd-health/go.sum argocd-health/*.go \
   kstatus/go.mod kstatus/go.sum kstatus/*.go | sha256sum | cut -c1-12)
 key="argocd-${argocd_version}_${argocd_go}_cli-utils-${cliutils_version}_${kstatus_go}_${sources}"
-cache_root=${AGENTRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentrun}
 bin="$cache_root/peers/$key/bin"
 # One build of a key at a time: both test processes of `make test` and CI's background build
 # may ask at once; a second caller waits here for the first, then finds the binaries.
@@ -52,7 +81,6 @@ if [ ${#missing[@]} -eq 0 ]; then
 fi
 
 mkdir -p "$bin"
-export CGO_ENABLED=0
 # Build into a scratch copy so a read-only or shared checkout is never written to.
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -144,8 +144,13 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
             # In this process (the development cluster): the only part of the operator
             # that needs ADK, so imported only here (config.parse checked it is installed).
             from agentrun_store_api import app as store_api
+            from agentrun_store_api import metrics as store_metrics
             from agentrun_store_api.limits import POOL_OVERFLOW, POOL_SIZE
             from agentrun_store_api.tls import ServingCertificate
+
+            # Its model labels: the price map's and the chart's modelPrices (checked by
+            # config.parse).
+            store_metrics.price_models(store_metrics.price_models_of(config.model_prices))
 
             # Its own small pool: runner traffic never waits behind the operator's.
             memo.store_api_engine = store.make_engine(

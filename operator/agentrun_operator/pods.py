@@ -50,6 +50,43 @@ def session_id_for(run: Mapping[str, Any], attempt: int) -> str:
     return f"{run['metadata']['uid']}-{attempt}"
 
 
+def escape_expansion(value: str) -> str:
+    """`value` as the kubelet will pass it on, literally: `$$` is how a pod's env writes
+    one `$`, so no `$(VAR)` in it can be expanded into another variable's value."""
+    return value.replace("$", "$$")
+
+
+def _secret_ref(entry: Mapping[str, Any]) -> bool:
+    return bool((entry.get("valueFrom") or {}).get("secretKeyRef"))
+
+
+def runner_env(user_env: Sequence[Mapping[str, Any]], identity: Mapping[str, str],
+               extra: Mapping[str, str], secret_env: Sequence[Mapping[str, Any]],
+               ) -> list[dict[str, Any]]:
+    """The runner container's env, in the order that keeps every Secret out of reach of
+    `$(VAR)` (the kubelet expands a value only from the variables before it):
+
+    1. the operator's own variables (the chart's extra env, then the run's identity,
+       which wins), every value the operator derives from tenant text (model, user id,
+       session id, tools, ...) written with `$` escaped, so it reaches the runner as the
+       tenant wrote it;
+    2. the run's `spec.env` (values only), which may still compose `$(VAR)` from what
+       precedes it;
+    3. every `valueFrom` Secret variable: the run's own, then the Agent's MCP headers
+       (`secret_env`), last, so nothing can refer to one.
+
+    A `spec.env` name that is one of ours, or an Agent's header variable, is left out: with
+    ours first a later duplicate would win, and admission refuses the names it knows."""
+    ours = {**extra, **{k: escape_expansion(v) for k, v in identity.items()}}
+    headers = [dict(e) for e in secret_env]
+    taken = set(ours) | {str(e["name"]) for e in headers}
+    users = [dict(e) for e in user_env if str(e.get("name")) not in taken]
+    return [*[{"name": k, "value": v} for k, v in ours.items()],
+            *[e for e in users if not _secret_ref(e)],
+            *[e for e in users if _secret_ref(e)],
+            *headers]
+
+
 def runner_pod(
     run: Mapping[str, Any],
     attempt: int,
@@ -90,13 +127,7 @@ def runner_pod(
         RunnerEnv.MODEL_PRICES: config.model_prices,
         RunnerEnv.AGENT_DIGEST: agent_digest or "",
     }
-    # The user's env first, ours last: a later duplicate wins, so a run cannot pass
-    # itself off as another run (the store API checks its token anyway), nor turn the
-    # scripted model on for itself.
-    # The Agent's Secret headers after the user's env too: a run names an Agent, it never
-    # sets what that Agent's headers carry.
-    env = [*list(spec.get("env") or []), *[dict(e) for e in agent_env],
-           *[{"name": k, "value": v} for k, v in {**config.extra_runner_env, **identity}.items()]]
+    env = runner_env(spec.get("env") or [], identity, config.extra_runner_env, agent_env)
 
     container: dict[str, Any] = {
         "name": CONTAINER,

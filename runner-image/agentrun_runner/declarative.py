@@ -15,17 +15,20 @@ What reaches an MCP server with each call:
 
 MCP requests never go through a proxy named in the environment: spec.env may set
 HTTP(S)_PROXY for the model's traffic, and such a proxy, the run creator's, would read the
-Agent's Secret headers of every plain-HTTP server.
+Agent's Secret headers of every plain-HTTP server. Nor does a request of a server with a
+Secret header follow a redirect to another origin (direct_client): the header would go
+there too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import os
 import ssl
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -101,14 +104,51 @@ def call_key_header(_: ReadonlyContext) -> dict[str, str]:
     return {HEADER_IDEMPOTENCY_KEY: key} if key else {}
 
 
+class SecretRedirectRefused(httpx.HTTPError):
+    """An MCP server redirected a request that carries a Secret header to another origin."""
+
+
+def cross_origin_redirect(url: str, location: str) -> str | None:
+    """The origin a redirect from `url` to `location` (absolute or relative) leads to,
+    when it is not `url`'s own; None for a redirect within the origin."""
+    here = httpx.URL(url)
+    there = here.join(location)
+    if (there.scheme, there.host, there.port or _PORTS.get(there.scheme)) == (
+            here.scheme, here.host, here.port or _PORTS.get(here.scheme)):
+        return None
+    return f"{there.scheme}://{there.netloc.decode()}"
+
+
+_PORTS = {"http": 80, "https": 443}
+
+
 def direct_client(headers: dict[str, str] | None = None, timeout: Any = None,
-                  auth: httpx.Auth | None = None) -> httpx.AsyncClient:
+                  auth: httpx.Auth | None = None, *,
+                  secret_headers: Collection[str] = ()) -> httpx.AsyncClient:
     """The MCP SDK's client, less the proxy environment (see the module docstring); the CA
-    file of SSL_CERT_FILE is still trusted, as httpx would."""
+    file of SSL_CERT_FILE is still trusted, as httpx would. With `secret_headers` (the
+    headers whose values come from Secrets), a redirect to another origin is refused, not
+    followed: httpx drops only Authorization on such a redirect, and would hand any other
+    header (an API key) to wherever the server points."""
     cafile = os.environ.get("SSL_CERT_FILE")
     verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=cafile) if cafile else True
+    hooks: dict[str, list[Any]] = {}
+    if secret_headers:
+        names = ", ".join(sorted(secret_headers))
+
+        async def same_origin(response: httpx.Response) -> None:
+            location = response.headers.get("location")
+            if not response.is_redirect or location is None:
+                return
+            elsewhere = cross_origin_redirect(str(response.request.url), location)
+            if elsewhere is not None:
+                raise SecretRedirectRefused(
+                    f"the MCP server at {response.request.url.host} redirected a request "
+                    f"carrying a Secret header ({names}) to {elsewhere}: not followed")
+
+        hooks["response"] = [same_origin]
     return httpx.AsyncClient(headers=headers, auth=auth, follow_redirects=True,
-                             trust_env=False, verify=verify,
+                             trust_env=False, verify=verify, event_hooks=hooks,
                              timeout=timeout or httpx.Timeout(CONNECT_SECONDS, read=READ_SECONDS))
 
 
@@ -173,7 +213,10 @@ def build(snapshot: Mapping[str, Any], environ: Mapping[str, str], agents_dir: P
                 connection_params=StreamableHTTPConnectionParams(
                     url=str(server["url"]), headers=_headers(name, server, environ),
                     timeout=CONNECT_SECONDS, sse_read_timeout=READ_SECONDS,
-                    httpx_client_factory=direct_client),
+                    httpx_client_factory=functools.partial(
+                        direct_client, secret_headers=frozenset(
+                            str(h["name"]) for h in server.get("headers") or []
+                            if "value" not in h))),
                 tool_filter=list(only) or None, header_provider=call_key_header)
             servers.append(Server(name, str(server["name"]), str(server["url"]), toolset, only))
             tools.append(toolset)

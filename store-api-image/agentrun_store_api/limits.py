@@ -160,6 +160,13 @@ MEMORY_ENTRIES_PER_ATTEMPT: Final = EVENTS_PER_ATTEMPT
 MEMORY_BYTES_PER_ATTEMPT: Final = 16 * MiB
 # Model calls reported: ADK's cap of 500 per invocation, eight times.
 MODEL_CALLS_PER_ATTEMPT: Final = 4_000
+# Calls of one attempt waiting for a decision at once: a runner stops at the first call that
+# needs one (a batch of parallel calls may ask for a few), and each is a row of up to
+# APPROVAL_ARGS_BYTES an approver reads.
+PENDING_APPROVALS_PER_ATTEMPT: Final = 16
+# Distinct model names one run reports usage of (a row per attempt and name): an agent and
+# its sub-agents name a model each, and a run of many sub-agents names a few dozen at most.
+MODEL_NAMES_PER_RUN: Final = 32
 # How long a call may wait for an approval (spec.tools[].approvalTimeoutSeconds): a month.
 APPROVAL_SECONDS: Final = 30 * 86400
 

@@ -46,6 +46,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="also serve the transcript API (store.agentrun.dev, an aggregated API "
                         "the Kubernetes API server proxies to) on HOST:PORT, with the same "
                         "certificate (empty: not served)")
+    p.add_argument("--model-prices", default=os.environ.get("AGENTRUN_MODEL_PRICES", ""),
+                   help="the chart's modelPrices (JSON): their models are metric labels, "
+                        "like the price map's")
     p.add_argument("--metrics-port", type=int,
                    default=int(os.environ.get("AGENTRUN_METRICS_PORT", "0")))
     p.add_argument("--log-format", choices=logs.FORMATS,
@@ -78,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         kube_config.load_incluster_config()
     except kube_config.ConfigException:
         kube_config.load_kube_config()
+    try:
+        metrics.price_models(metrics.price_models_of(args.model_prices))
+    except ValueError as e:
+        print(f"agentrun-store-api: --model-prices is not JSON: {e}", file=sys.stderr)
+        return 2
     metrics.serve(args.metrics_port)
 
     async def run() -> None:

@@ -8,6 +8,12 @@ has the table; the chart's dashboard reads only these names.
 
 from __future__ import annotations
 
+import importlib.util
+import json
+from collections.abc import Iterable
+from functools import cache
+from pathlib import Path
+
 from prometheus_client import Counter, Histogram, disable_created_metrics, start_http_server
 
 # No `_created` series beside every counter: nothing here reads them.
@@ -44,7 +50,8 @@ TOKEN_REVIEWS = Counter(
 
 # A run's model usage, as its runner reports each call (agentrun_store_api.routes.usage):
 # namespace and agent as the store recorded them for the attempt, the model as the runner
-# names it (models.model_label keeps that label to a bounded word).
+# names it, as a label only when the price map or the chart's modelPrices knows it
+# (model_label): a runner names its model, and the label set must stay bounded.
 MODEL_CALLS = Counter(
     "agentrun_model_calls_total", "Model calls of runs, by namespace, agent and model.",
     ["namespace", "agent", "model"])
@@ -59,11 +66,51 @@ MODEL_COST = Counter(
     ["namespace", "agent", "model"])
 
 
+# LiteLLM's bundled price map, read as data beside its package (never imported: the
+# store API image installs LiteLLM without its dependencies, for this file alone).
+_LITELLM_MAP = "model_prices_and_context_window_backup.json"
+# The chart's modelPrices names (price_models), on top of the map's.
+_PRICED: set[str] = set()
+
+
+@cache
+def _litellm_models() -> frozenset[str]:
+    found = importlib.util.find_spec("litellm")
+    if found is None or not found.origin:
+        return frozenset()
+    try:
+        loaded = json.loads((Path(found.origin).parent / _LITELLM_MAP).read_text())
+    except (OSError, ValueError):
+        return frozenset()
+    return frozenset(str(k) for k in loaded) if isinstance(loaded, dict) else frozenset()
+
+
+def price_models(names: Iterable[str]) -> None:
+    """The chart's modelPrices names: labelled as they are, like the price map's."""
+    _PRICED.update(names)
+
+
+def price_models_of(raw: str) -> list[str]:
+    """The model names of a modelPrices JSON ({model: {...}}), [] when there is none."""
+    data = json.loads(raw) if raw else {}
+    return [str(k) for k in data] if isinstance(data, dict) else []
+
+
 def model_label(model: str) -> str:
-    """A model's name as a label value: at most 64 characters of [A-Za-z0-9._/:@-],
-    else `other` (a runner names its model; a label must not grow without bound)."""
-    if 0 < len(model) <= 64 and all(c.isalnum() or c in "._/:@-" for c in model):
+    """A model's name as a label value, from a bounded set: the name when the chart's
+    modelPrices or LiteLLM's price map holds it, or holds it as Gemini's API names it
+    (`gemini/<model>`); the map's name without a provider prefix the map does not know
+    (`any/gpt-4o` is `gpt-4o`, as the runner prices it: a prefix is not a new label);
+    else `other`. A runner names its model: whatever it sends, the labels are at most
+    the names of those two lists."""
+    if not 0 < len(model) <= 64 or not all(c.isalnum() or c in "._/:@-" for c in model):
+        return "other"
+    known = _litellm_models()
+    if model in _PRICED or model in known or f"gemini/{model}" in known:
         return model
+    bare = model.split("/", 1)[1] if "/" in model else ""
+    if bare in _PRICED or bare in known:
+        return bare
     return "other"
 
 

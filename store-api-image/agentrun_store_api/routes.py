@@ -623,8 +623,14 @@ class Routes:
         if not 0 < len(model) <= 256 or min([*numbers, cost or 0]) < 0:
             raise Refused(400, "a usage report names its model (at most 256 characters) "
                                "and counts of 0 or more")
-        calls = await store.add_usage(self.engine, caller.run_uid, caller.attempt, model,
-                                      numbers[0], numbers[1], cost)
+        try:
+            calls = await store.add_usage(self.engine, caller.run_uid, caller.attempt, model,
+                                          numbers[0], numbers[1], cost,
+                                          max_models=limits.MODEL_NAMES_PER_RUN)
+        except store.TooManyModels as e:
+            raise OverQuota(f"run {caller.run_name} reported the usage of {e.models} model "
+                            f"names: one run may report at most {limits.MODEL_NAMES_PER_RUN}; "
+                            "this report was not stored") from None
         if calls > limits.MODEL_CALLS_PER_ATTEMPT:
             raise Refused(429, f"attempt {caller.attempt} of run {caller.run_name} reported "
                                f"{calls:,} model calls: one attempt may report at most "
@@ -665,10 +671,17 @@ class Routes:
         if not 1 <= timeout <= limits.APPROVAL_SECONDS:
             raise Refused(400, f"timeoutSeconds must be between 1 and "
                                f"{limits.APPROVAL_SECONDS:,}")
-        waiting = await store.request_approval(
-            self.engine, caller.run_uid, caller.attempt, seq, call_id, tool,
-            json.dumps(args, sort_keys=True, separators=(",", ":"), default=repr), digest,
-            datetime.now(UTC) + timedelta(seconds=timeout))
+        try:
+            waiting = await store.request_approval(
+                self.engine, caller.run_uid, caller.attempt, seq, call_id, tool,
+                json.dumps(args, sort_keys=True, separators=(",", ":"), default=repr), digest,
+                datetime.now(UTC) + timedelta(seconds=timeout),
+                max_pending=limits.PENDING_APPROVALS_PER_ATTEMPT)
+        except store.TooManyPending as e:
+            raise OverQuota(f"attempt {caller.attempt} of run {caller.run_name} has {e.pending} "
+                            "calls waiting for a decision: one attempt may have at most "
+                            f"{limits.PENDING_APPROVALS_PER_ATTEMPT}; this call was not "
+                            "written down") from None
         if (waiting.attempt, waiting.seq, waiting.tool, waiting.args_digest) != (
                 caller.attempt, seq, tool, digest):
             raise Refused(409, f"call {call_id} of run {caller.run_name} waited already, as "

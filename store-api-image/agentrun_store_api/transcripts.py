@@ -17,6 +17,12 @@ server: its uid names the run in the store, its phase says whether it is over). 
 the run is live; the stream ends when the run settles, or after FOLLOW_SECONDS, under the
 API server's own request timeout (60 s by default: a GET that is not a watch is cut there),
 and the follower asks again (kubectl agentrun transcript -f does).
+
+Bounded: a list is paginated as the API server's own lists are (`limit`, at most
+LIST_LIMIT, and `continue`, the API server's token for the AgentRuns) and holds runs'
+summaries (phase, usage, the answer's first words), never their entries; one user holds at
+most FOLLOWS_PER_USER follow streams at once (429 with Retry-After beyond); a follow reads
+only what is new each second (store.transcript_facts_after).
 """
 
 from __future__ import annotations
@@ -35,7 +41,14 @@ from kubernetes.client.exceptions import ApiException
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import store
-from agentrun.transcript import Follower, entries_of, preview, transcript
+from agentrun.transcript import (
+    Follower,
+    TranscriptFacts,
+    entries_of,
+    preview,
+    summary,
+    transcript,
+)
 from agentrun.vocabulary import (
     GROUP,
     RUN_PLURAL,
@@ -63,6 +76,14 @@ FOLLOW_POLL_SECONDS = 1.0
 # server's default --request-timeout of 60 s, which cuts any GET that is not a watch.
 FOLLOW_SECONDS = 45.0
 FOLLOW_CONTENT_TYPE = "application/x-ndjson"
+# Follow streams one user holds at once: a person follows a run or two; each stream is a
+# read of the store every second.
+FOLLOWS_PER_USER = 4
+# ...and asks again after this long once refused (a stream ends within FOLLOW_SECONDS).
+FOLLOW_RETRY_SECONDS = 5
+# A page of a list: what kubectl asks for (--chunk-size, 500 by default) at most; a list
+# without `limit` gets this much and a `continue`.
+LIST_LIMIT = 500
 PREFIX = f"/apis/{TRANSCRIPT_GROUP}/{TRANSCRIPT_VERSION}"
 RESOURCE = f"{TRANSCRIPT_PLURAL}.{TRANSCRIPT_GROUP}"
 # What the API server's OpenAPI aggregation asks an aggregated API for.
@@ -92,18 +113,24 @@ def api_resources() -> dict[str, Any]:
 class Answered(Exception):
     """A request answered with a Kubernetes Status (an error)."""
 
-    def __init__(self, code: int, reason: str, message: str, name: str = "") -> None:
+    def __init__(self, code: int, reason: str, message: str, name: str = "",
+                 retry_after: int | None = None) -> None:
         super().__init__(message)
         self.code, self.reason, self.message, self.name = code, reason, message, name
+        self.retry_after = retry_after
 
     def response(self) -> web.Response:
         details: dict[str, Any] = {"group": TRANSCRIPT_GROUP, "kind": TRANSCRIPT_PLURAL}
         if self.name:
             details["name"] = self.name
+        headers = {}
+        if self.retry_after is not None:
+            details["retryAfterSeconds"] = self.retry_after
+            headers["Retry-After"] = str(self.retry_after)
         return web.json_response(
             {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
              "message": self.message, "reason": self.reason, "details": details,
-             "code": self.code}, status=self.code)
+             "code": self.code}, status=self.code, headers=headers)
 
 
 def forbidden(user: User, access: Access, reason: str) -> Answered:
@@ -138,6 +165,8 @@ class Transcripts:
                  reviews: AccessReviews) -> None:
         self.engine, self.proxy, self.reviews = engine, proxy, reviews
         self._runs: Any = client.CustomObjectsApi(api)
+        # Follow streams open now, by user.
+        self._follows: dict[str, int] = {}
 
     def application(self) -> web.Application:
         app = web.Application(middlewares=[self._answering])
@@ -226,7 +255,20 @@ class Transcripts:
         await self._authorize(user, Access("get", TRANSCRIPT_GROUP, TRANSCRIPT_VERSION,
                                            TRANSCRIPT_PLURAL, namespace, name))
         if request.query.get("follow") in ("true", "1"):
-            return await self._follow(request, namespace, name)
+            held = self._follows.get(user.name, 0)
+            if held >= FOLLOWS_PER_USER:
+                raise Answered(429, "TooManyRequests",
+                               f"{user.name} follows {held} transcripts already, the most one "
+                               f"user may at once: end one, or retry in "
+                               f"{FOLLOW_RETRY_SECONDS} s", name,
+                               retry_after=FOLLOW_RETRY_SECONDS)
+            self._follows[user.name] = held + 1
+            try:
+                return await self._follow(request, namespace, name)
+            finally:
+                self._follows[user.name] -= 1
+                if not self._follows[user.name]:
+                    del self._follows[user.name]
         run = await self._run(namespace, name)
         if run is None:
             raise not_found(name)
@@ -241,13 +283,21 @@ class Transcripts:
         await self._authorize(user, Access("list", TRANSCRIPT_GROUP, TRANSCRIPT_VERSION,
                                            TRANSCRIPT_PLURAL, namespace))
         selector = request.query.get("labelSelector") or None
-        runs = await asyncio.to_thread(self._list_runs, namespace, selector)
-        shown = [await self._transcript(r) for r in runs]
+        try:
+            asked = int(request.query.get("limit") or LIST_LIMIT)
+        except ValueError:
+            raise Answered(400, "BadRequest", "limit must be a whole number") from None
+        limit = LIST_LIMIT if asked <= 0 else min(asked, LIST_LIMIT)
+        listed = await asyncio.to_thread(self._list_runs, namespace, selector, limit,
+                                         request.query.get("continue") or None)
+        shown = [await self._summary(r) for r in listed.get("items") or []]
         if _wants_table(request):
-            return web.json_response(_table(shown))
+            table = _table(shown)
+            table["metadata"] = _list_meta(listed)
+            return web.json_response(table)
         return web.json_response({"kind": f"{TRANSCRIPT_KIND}List",
                                   "apiVersion": TRANSCRIPT_API_VERSION,
-                                  "metadata": {"resourceVersion": ""}, "items": shown})
+                                  "metadata": _list_meta(listed), "items": shown})
 
     async def _follow(self, request: web.Request, namespace: str, name: str
                       ) -> web.StreamResponse:
@@ -261,9 +311,16 @@ class Transcripts:
         await response.prepare(request)
         follower = Follower()
         ends = time.monotonic() + FOLLOW_SECONDS
+        facts: TranscriptFacts | None = None
+        since = datetime.now(UTC)
         try:
             while True:
-                facts = await store.transcript_facts(self.engine, run["metadata"]["uid"])
+                # The whole run once, then only what is new (or may have changed) since.
+                read_at = datetime.now(UTC)
+                uid = run["metadata"]["uid"]
+                facts = await store.transcript_facts(self.engine, uid) if facts is None \
+                    else await store.transcript_facts_after(self.engine, uid, facts, since)
+                since = read_at
                 news = follower.news(entries_of(facts)) if facts is not None else []
                 if news:
                     await response.write("".join(json.dumps(e) + "\n" for e in news).encode())
@@ -283,6 +340,10 @@ class Transcripts:
         await response.write_eof()
         return response
 
+    async def _summary(self, run: dict[str, Any]) -> dict[str, Any]:
+        return summary(run, await store.transcript_summary(self.engine,
+                                                           run["metadata"]["uid"]))
+
     async def _transcript(self, run: dict[str, Any]) -> dict[str, Any]:
         return transcript(run, await store.transcript_facts(self.engine,
                                                             run["metadata"]["uid"]))
@@ -298,15 +359,33 @@ class Transcripts:
             raise
         return dict(found)
 
-    def _list_runs(self, namespace: str, selector: str | None) -> list[dict[str, Any]]:
-        kwargs: dict[str, Any] = {"label_selector": selector} if selector else {}
+    def _list_runs(self, namespace: str, selector: str | None, limit: int,
+                   token: str | None) -> dict[str, Any]:
+        """One page of the AgentRuns, as the API server pages them (its own `continue`
+        token: a tampered or expired one is the API server's 410 or 400)."""
+        kwargs: dict[str, Any] = {"limit": limit}
+        if selector:
+            kwargs["label_selector"] = selector
+        if token:
+            kwargs["_continue"] = token
         if namespace:
             listed: Any = self._runs.list_namespaced_custom_object(
                 GROUP, VERSION, namespace, RUN_PLURAL, **kwargs)
         else:
             listed = self._runs.list_cluster_custom_object(GROUP, VERSION, RUN_PLURAL,
                                                            **kwargs)
-        return list(listed.get("items") or [])
+        return dict(listed)
+
+
+def _list_meta(listed: dict[str, Any]) -> dict[str, Any]:
+    """The list's metadata as the API server gave it for the AgentRuns' page."""
+    meta = listed.get("metadata") or {}
+    shown: dict[str, Any] = {"resourceVersion": str(meta.get("resourceVersion") or "")}
+    if meta.get("continue"):
+        shown["continue"] = meta["continue"]
+    if meta.get("remainingItemCount") is not None:
+        shown["remainingItemCount"] = meta["remainingItemCount"]
+    return shown
 
 
 def _no_watch(request: web.Request) -> None:
@@ -340,15 +419,18 @@ def _table(transcripts: list[dict[str, Any]]) -> dict[str, Any]:
     now = datetime.now(UTC)
     columns = [("Name", "string", "name", "The AgentRun's name"),
                ("Phase", "string", "", "The AgentRun's phase"),
-               ("Entries", "integer", "", "Entries of the conversation"),
+               ("Model-Calls", "integer", "", "Model calls of the run's attempts"),
+               ("Tool-Calls", "integer", "", "Tool calls of the run's attempts"),
                ("Result", "string", "", "The answer's first words"),
                ("Age", "string", "", "Since the AgentRun was created")]
     rows = []
     for t in transcripts:
-        meta = t["metadata"]
-        answer = (t.get("result") or {}).get("text") or ""
-        rows.append({"cells": [meta.get("name"), t["run"]["phase"], len(t["entries"]),
-                               preview(answer), _age(meta.get("creationTimestamp"), now)],
+        # A whole transcript (get) or a summary (list): the same columns, from either.
+        meta, used, result = t["metadata"], t.get("usage") or {}, t.get("result") or {}
+        answer = result.get("text") or result.get("preview") or ""
+        rows.append({"cells": [meta.get("name"), t["run"]["phase"], used.get("modelCalls", 0),
+                               used.get("toolCalls", 0), preview(answer),
+                               _age(meta.get("creationTimestamp"), now)],
                      "object": {"kind": "PartialObjectMetadata",
                                 "apiVersion": "meta.k8s.io/v1", "metadata": meta}})
     return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": ""},

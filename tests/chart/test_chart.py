@@ -468,6 +468,45 @@ def test_an_allowed_image_or_none_is_accepted(allow_list: ControlPlane, image: s
     assert done.returncode == 0, done.stderr
 
 
+def _schedule(name: str, image: str | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"agent": "support-agent", "input": {"text": "Triage the queue"}}
+    if image is not None:
+        spec["image"] = image
+    return {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRunSchedule",
+            "metadata": {"name": name},
+            "spec": {"schedule": "@every 1h", "runTemplate": {"spec": spec}}}
+
+
+def test_a_schedule_whose_runs_would_run_an_image_outside_the_list_is_refused(
+        allow_list: ControlPlane) -> None:
+    # The operator creates a schedule's runs (it is exempt): the template is checked
+    # when the schedule is written, for whoever writes it.
+    done = _dry_run(allow_list, "allow-list", _schedule("nightly", "docker.io/someone/runner:1"))
+    assert done.returncode != 0
+    assert (
+        "denied request: AgentRunSchedule spec.runTemplate.spec.image"
+        " docker.io/someone/runner:1 is not one of the runner images this cluster allows"
+        " (registry.example.com/agents/*, tools/runner:1.2, agentrun/runner:dev; an entry"
+        " ending in * is a prefix); leave spec.runTemplate.spec.image unset for the default"
+        " runner image, or ask a cluster admin to add it to the chart value"
+        " runner.allowedImages"
+    ) in done.stderr
+    for image in ("registry.example.com/agents/support:7", None):
+        accepted = _dry_run(allow_list, "allow-list", _schedule("nightly", image))
+        assert accepted.returncode == 0, accepted.stderr
+    # A template changed later to another image is refused the same way.
+    allow_list.kubectl("apply", "--server-side", "-n", "allow-list", "-f", "-",
+                       input=json.dumps(_schedule("nightly", "tools/runner:1.2")))
+    try:
+        changed = _dry_run(allow_list, "allow-list", _schedule("nightly", "elsewhere/x:1"))
+        assert changed.returncode != 0
+        assert "AgentRunSchedule spec.runTemplate.spec.image elsewhere/x:1 is not one" \
+            in changed.stderr
+    finally:
+        allow_list.kubectl("delete", "agentrunschedules.agentrun.dev", "nightly", "-n",
+                           "allow-list", check=False)
+
+
 # -- a real install and upgrade ---------------------------------------------------------------
 
 

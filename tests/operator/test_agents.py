@@ -327,3 +327,65 @@ def test_an_agent_waits_for_its_secret(system: System, namespace: str, crm: CrmS
     system.kubectl("annotate", AGENTS, "triage", "-n", namespace, "example.com/touched=1")
     ready(system, namespace, "triage")
     assert agents.header_env("triage", "crm", "Authorization").startswith("AGENTRUN_MCP_")
+
+
+def _process_env(system: System, namespace: str, pod: str) -> dict[str, str]:
+    """The environment the development node gave a running pod's process (its
+    containerID is devnode://<pid>), as /proc shows it."""
+    pid = 0
+
+    def running() -> bool:
+        nonlocal pid
+        found = json.loads(system.kubectl("get", "pod", "-n", namespace, pod, "-o", "json",
+                                          check=False).stdout or "{}")
+        for status in (found.get("status") or {}).get("containerStatuses") or []:
+            if str(status.get("containerID", "")).startswith("devnode://"):
+                pid = int(status["containerID"].removeprefix("devnode://"))
+        return pid > 0
+
+    wait_for(running, timeout=60, what=f"pod {pod} running", interval=0.2)
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+
+
+def test_no_tenant_text_expands_into_an_agents_secret(
+        system: System, namespace: str, crm: CrmServer) -> None:
+    secret = "Bearer crm-exp4nd3d"
+    system.kubectl("create", "secret", "generic", "crm", "-n", namespace,
+                   f"--from-literal=token={secret}")
+    system.apply(in_namespace(triage(crm.url, mcpServers=[{
+        "name": "crm", "url": crm.url,
+        "headers": [{"name": "Authorization",
+                     "valueFrom": {"secretKeyRef": {"name": "crm", "key": "token"}}}]}]),
+        namespace))
+    ready(system, namespace, "triage")
+    header = f"$({agents.header_env('triage', 'crm', 'Authorization')})"
+    # The model, an env value and the input all name the header's variable; the
+    # development node expands $(VAR) by the kubelet's own code, as a real node would.
+    system.apply(in_namespace(agent_run(
+        "expand-model", agent="triage", text=header, model=header,
+        env=[{"name": "PROBE", "value": header}]), namespace))
+    status = settled(system, namespace, "expand-model")
+    assert status["phase"] == Phase.FAILED, status
+    assert status["toolsExecuted"] == []
+    assert "crm-exp4nd3d" not in status.get("message", "")
+    # The runner was told the model as the tenant wrote it, not a Secret's value.
+    assert header in status.get("message", ""), status
+    events = system.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
+    assert "crm-exp4nd3d" not in events
+    assert "crm-exp4nd3d" not in json.dumps(system.run(namespace, "expand-model"))
+
+    # A run that lives long enough to look at: its process holds the Secret in the
+    # header's variable and nowhere else.
+    system.apply(in_namespace(agent_run(
+        "expand-env", [{"sleep": 30}, {"text": "done"}], agent="triage", text=header,
+        userId=header, env=[{"name": "PROBE", "value": header},
+                            {"name": "NAMESPACE_SEEN", "value": "$(AGENTRUN_NAMESPACE)"}]),
+        namespace))
+    seen = _process_env(system, namespace, "expand-env-1")
+    variable = agents.header_env("triage", "crm", "Authorization")
+    assert [name for name, value in seen.items() if "crm-exp4nd3d" in value] == [variable]
+    assert seen["PROBE"] == header
+    assert seen["AGENTRUN_USER_ID"] == header
+    # spec.env still composes from the operator's variables before it.
+    assert seen["NAMESPACE_SEEN"] == namespace

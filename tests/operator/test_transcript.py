@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,8 +129,13 @@ def test_each_tenant_reads_its_own_transcripts_and_no_one_elses(
     assert [t["metadata"]["name"] for t in json.loads(listed.stdout)["items"]] == ["ours"]
     table = as_user(transcripts, users["alice"], "get", TRANSCRIPTS, "-n", ns_a)
     assert table.returncode == 0, table.stderr
-    assert table.stdout.split("\n")[0].split() == ["NAME", "PHASE", "ENTRIES", "RESULT", "AGE"]
-    assert table.stdout.split("\n")[1].split()[:5] == ["ours", "Succeeded", "2", "Done", "in"]
+    # A list holds summaries: the run's usage and its answer's first words, no entries.
+    assert table.stdout.split("\n")[0].split() == ["NAME", "PHASE", "MODEL-CALLS",
+                                                   "TOOL-CALLS", "RESULT", "AGE"]
+    assert table.stdout.split("\n")[1].split()[:6] == ["ours", "Succeeded", "1", "0", "Done",
+                                                       "in"]
+    (item,) = json.loads(listed.stdout)["items"]
+    assert "entries" not in item and item["result"]["preview"] == "Done in A."
 
     for user, other, name in (("alice", ns_b, "theirs"), ("bob", ns_a, "ours"),
                               ("carol", ns_a, "ours")):
@@ -488,3 +494,94 @@ def test_a_follower_goes_on_past_the_api_servers_request_timeout(
     assert plugin.returncode == 0, out
     assert out.count("calls read_message (call 1)") == 1, out
     assert "support_agent: Thought it over." in out
+
+
+def _get_as(system: System, kubeconfig: Path, path: str, **kw: Any) -> Any:
+    """GET `path` of the API server as the kubeconfig's user (the response, still open)."""
+    config = json.loads(kubeconfig.read_text())
+    user = config["users"][0]["user"]
+    context = ssl.create_default_context(cafile=str(system.plane.ca_cert))
+    context.load_cert_chain(user["client-certificate"], user["client-key"])
+    return urllib.request.urlopen(f"{system.plane.server}{path}", context=context,
+                                  timeout=60, **kw)
+
+
+def test_a_list_comes_in_pages_of_summaries(
+        transcripts: System, tenants: tuple[str, str], users: dict[str, Path]) -> None:
+    ns, _ = tenants
+    names = [f"paged-{i}" for i in range(5)]
+    for name in names:
+        transcripts.apply(in_namespace(agent_run(name, [{"text": f"Answer of {name}."}]), ns))
+    for name in names:
+        settled(transcripts, ns, name)
+    base = f"/apis/store.agentrun.dev/v1alpha1/namespaces/{ns}/transcripts?limit=2"
+    pages, token = [], ""
+    while True:
+        with _get_as(transcripts, users["alice"],
+                     base + (f"&continue={urllib.parse.quote(token)}" if token else "")) as r:
+            page = json.loads(r.read())
+        pages.append(page)
+        token = page["metadata"].get("continue", "")
+        if not token:
+            break
+    assert [len(p["items"]) for p in pages][:2] == [2, 2]
+    seen = [t["metadata"]["name"] for p in pages for t in p["items"]]
+    assert sorted(n for n in seen if n.startswith("paged-")) == names
+    assert len(seen) == len(set(seen))  # no run twice across pages
+    first = next(t for p in pages for t in p["items"] if t["metadata"]["name"] == "paged-0")
+    assert "entries" not in first
+    assert first["result"] == {"preview": "Answer of paged-0.", "attempt": 1}
+    assert first["usage"]["modelCalls"] == 1
+    # kubectl follows the pages itself (its --chunk-size is the limit).
+    chunked = as_user(transcripts, users["alice"], "get", TRANSCRIPTS, "-n", ns,
+                      "--chunk-size=2", "-o", "name")
+    assert chunked.returncode == 0, chunked.stderr
+    assert {line.rsplit("/", 1)[1] for line in chunked.stdout.split()} >= set(names)
+
+
+def test_one_viewer_holds_at_most_a_few_follows(
+        transcripts: System, tenants: tuple[str, str], users: dict[str, Path]) -> None:
+    from agentrun_store_api.transcripts import FOLLOW_RETRY_SECONDS, FOLLOWS_PER_USER
+
+    ns, other = tenants
+    transcripts.apply(in_namespace(agent_run("watched", [{"sleep": 20}, {"text": "Done."}]),
+                                   ns))
+    transcripts.apply(in_namespace(agent_run("bobs", [{"sleep": 20}, {"text": "Done."}]),
+                                   other))
+    transcripts.wait_phase(ns, "watched", Phase.RUNNING)
+    transcripts.wait_phase(other, "bobs", Phase.RUNNING)
+    path = f"/apis/store.agentrun.dev/v1alpha1/namespaces/{ns}/transcripts/watched?follow=true"
+    held = [_get_as(transcripts, users["alice"], path) for _ in range(FOLLOWS_PER_USER)]
+    try:
+        assert all(r.status == 200 for r in held)
+        refused = []
+        for _ in range(3):
+            with pytest.raises(urllib.error.HTTPError) as caught:
+                _get_as(transcripts, users["alice"], path)
+            refused.append(caught.value)
+        assert [e.code for e in refused] == [429] * 3
+        assert refused[0].headers["Retry-After"] == str(FOLLOW_RETRY_SECONDS)
+        status = json.loads(refused[0].read())
+        assert status["reason"] == "TooManyRequests"
+        assert f"alice follows {FOLLOWS_PER_USER} transcripts already" in status["message"]
+        # Another viewer is not counted with alice.
+        with _get_as(transcripts, users["bob"], path.replace(ns, other).replace(
+                "watched", "bobs")) as theirs:
+            assert theirs.status == 200
+            assert json.loads(theirs.readline())["kind"] == "input"
+    finally:
+        for r in held:
+            r.close()
+    # Once the run settles the streams end, and alice may follow again.
+    settled(transcripts, ns, "watched")
+
+    def follows_again() -> bool:
+        try:
+            with _get_as(transcripts, users["alice"], path) as r:
+                r.read()
+                return r.status == 200
+        except urllib.error.HTTPError as e:
+            assert e.code == 429
+            return False
+
+    wait_for(follows_again, timeout=60, what="alice's follows given back")

@@ -15,6 +15,7 @@ import socket
 import ssl
 import time
 import urllib.parse
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -445,3 +446,62 @@ def test_errors_carry_no_sql_parameters_or_hosts(
     line = next(x for x in logged.splitlines() if f"ref={ref}" in x)
     assert "event=store-api-failed route=open_call" in line and "tool_calls" in logged
     assert api.metric("agentrun_store_api_errors_total", route="open_call") == 1
+
+
+def _label_values(api: StoreAPIProcess, family: str, label: str) -> set[str]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{api.metrics_port}/metrics",
+                                timeout=10) as r:
+        text_ = r.read().decode()
+    return {s.labels[label] for f in text_string_to_metric_families(text_)
+            for s in f.samples if s.name == family and label in s.labels}
+
+
+def test_a_runner_flooding_approvals_and_model_names_gets_429_and_bounded_labels(
+    pg_store: str, runner_world: RunnerWorld, counted_store_api: StoreAPIProcess
+) -> None:
+    api = counted_store_api
+    run = prepare_run(pg_store, "names")
+    token = run.identity(1).token
+    assert call(api.url, "POST", "/v1/attempt/begin", token, {})[0] == 200
+
+    # New call ids, each a call waiting for a decision: the quota, then 429.
+    def wait_for_decision(i: int) -> tuple[int, Any]:
+        args = {"to": f"customer-{i}@example.com", "body": "x" * 1000}
+        return call(api.url, "POST", "/v1/approvals", token, {
+            "seq": i + 1, "tool": "send_email", "callId": f"flood-{i}", "args": args,
+            "argsDigest": store.args_digest(args), "timeoutSeconds": 3600})
+
+    answers = [wait_for_decision(i) for i in range(limits.PENDING_APPROVALS_PER_ATTEMPT + 10)]
+    codes = [status for status, _ in answers]
+    assert codes == [200] * limits.PENDING_APPROVALS_PER_ATTEMPT + [429] * 10, answers[-1]
+    assert answers[-1][1]["error"] == (
+        f"attempt 1 of run {run.name} has {limits.PENDING_APPROVALS_PER_ATTEMPT} calls "
+        f"waiting for a decision: one attempt may have at most "
+        f"{limits.PENDING_APPROVALS_PER_ATTEMPT}; this call was not written down")
+    pending = query(pg_store, lambda e: store.approvals_of(e, run.uid))
+    assert len(pending) == limits.PENDING_APPROVALS_PER_ATTEMPT
+    # The same call asked again (its first answer lost) is the same wait, not a new one.
+    assert wait_for_decision(0)[0] == 200
+
+    # Usage of ever new model names: the cap on names, then 429; the names it took are
+    # labels only when the price map knows them (gemini-2.5-flash), else `other`.
+    def report(model: str) -> tuple[int, Any]:
+        return call(api.url, "POST", "/v1/usage", token,
+                    {"model": model, "inputTokens": 10, "outputTokens": 5})
+
+    assert report("gemini-2.5-flash")[0] == 200
+    flood = [report(f"made-up-{i}") for i in range(limits.MODEL_NAMES_PER_RUN + 20)]
+    taken = limits.MODEL_NAMES_PER_RUN - 1
+    assert [s for s, _ in flood] == [200] * taken + [429] * 21, flood[-1]
+    assert flood[-1][1]["error"] == (
+        f"run {run.name} reported the usage of {limits.MODEL_NAMES_PER_RUN} model names: "
+        f"one run may report at most {limits.MODEL_NAMES_PER_RUN}; this report was not "
+        "stored")
+    # A name the run has already reported is still counted.
+    assert report("made-up-0")[0] == 200
+    assert _label_values(api, "agentrun_model_calls_total", "model") == {
+        "gemini-2.5-flash", "other"}
+    assert api.metric("agentrun_model_calls_total", namespace=run.namespace,
+                      agent="support-agent", model="other") == taken + 1

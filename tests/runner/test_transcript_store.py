@@ -5,6 +5,8 @@ the usage. The API server's side is tests/operator/test_transcript.py."""
 
 from __future__ import annotations
 
+import dataclasses
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -70,3 +72,38 @@ def test_a_call_is_in_doubt_once_its_attempt_is_settled(any_store: str) -> None:
 
 def test_a_run_the_store_has_no_record_of(any_store: str) -> None:
     assert query(any_store, lambda e: store.transcript_facts(e, "no-such-uid")) is None
+
+
+def test_a_follower_reads_only_what_is_new(any_store: str) -> None:
+    """store.transcript_facts_after, as a follow asks each second: what it returns is what
+    a whole read returns, and a fact it already holds (events read before, a ledger row
+    finished before the last read) is not read again."""
+    run = prepare_run(any_store, "followed-1")
+    before = query(any_store, lambda e: store.transcript_facts(e, run.uid))
+    assert before is not None
+    read_at = datetime.now(UTC)
+    done = run_runner(run, [{"call": "read_message"}, {"call": "send_email", "args": EMAIL},
+                            {"text": "Emailed the customer."}])
+    assert done.returncode == 0, explain(done)
+    whole = query(any_store, lambda e: store.transcript_facts(e, run.uid))
+    assert whole is not None
+    caught_up = query(any_store, lambda e: store.transcript_facts_after(
+        e, run.uid, before, read_at))
+    assert entries_of(caught_up) == entries_of(whole)
+    assert caught_up.result == whole.result and caught_up.usage == whole.usage
+
+    # Facts it holds already: marked, to see whether they come from the store again.
+    (turn,) = whole.events
+    marked_event = {**whole.events[turn][0], "marker": "held"}
+    marked_call = dataclasses.replace(whole.ledger[0], result={"marker": "held"})
+    held = dataclasses.replace(
+        whole, events={turn: [marked_event, *whole.events[turn][1:]]},
+        ledger=[marked_call, *whole.ledger[1:]])
+    # As if the last read were now (everything finished before it, margin and all).
+    later = datetime.now(UTC) + store.transcript.CHANGED_MARGIN + timedelta(seconds=5)
+    again = query(any_store, lambda e: store.transcript_facts_after(e, run.uid, held, later))
+    assert again.events[turn][0] == marked_event
+    assert len(again.events[turn]) == len(whole.events[turn])
+    assert again.ledger[0].result == {"marker": "held"}
+    assert [(c.attempt, c.seq) for c in again.ledger] == [(c.attempt, c.seq)
+                                                          for c in whole.ledger]
