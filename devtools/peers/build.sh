@@ -35,8 +35,11 @@ expansion_go=${expansion_go:-$(go env GOVERSION)}
 expansion_sources=$(cd "$here" && cat kubelet-expansion/go.mod kubelet-expansion/go.sum \
   kubelet-expansion/*.go | sha256sum | cut -c1-12)
 expansion_bin="$cache_root/peers/kubelet-expansion_k8s-${k8s_version}_${expansion_go}_${expansion_sources}/bin"
+# One build of a key at a time (see the lock below, for the other two).
+mkdir -p "$expansion_bin"
+exec 8>"$(dirname "$expansion_bin").lock"
+flock 8
 if [ ! -x "$expansion_bin/kubelet-expansion" ]; then
-  mkdir -p "$expansion_bin"
   scratch=$(mktemp -d)
   cp -r "$here/kubelet-expansion" "$scratch/"
   echo "building kubelet-expansion ..." >&2
@@ -68,6 +71,7 @@ key="argocd-${argocd_version}_${argocd_go}_cli-utils-${cliutils_version}_${kstat
 bin="$cache_root/peers/$key/bin"
 # One build of a key at a time: both test processes of `make test` and CI's background build
 # may ask at once; a second caller waits here for the first, then finds the binaries.
+exec 8>&-
 mkdir -p "$(dirname "$bin")"
 exec 9>"$(dirname "$bin").lock"
 flock 9
