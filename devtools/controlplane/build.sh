@@ -23,6 +23,11 @@ go_version=$(go env GOVERSION)
 key="k8s-${k8s_version}_etcd-${etcd_version}_helm-${helm_version}_${go_version}"
 cache_root=${AGENTRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentrun}
 bin="$cache_root/controlplane/$key/bin"
+# One build of a key at a time: both test processes of `make test` and CI's background build
+# may ask at once; a second caller waits here for the first, then finds the binaries.
+mkdir -p "$(dirname "$bin")"
+exec 9>"$(dirname "$bin").lock"
+flock 9
 
 want=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl helm)
 missing=()
