@@ -124,7 +124,8 @@ def test_helm_lint_and_template_accept_the_defaults() -> None:
      "database.url=postgresql+psycopg://u@db:5432/agentrun", "postgres.storage=10Gi",
      "operator.resources.limits.cpu=2"),
     ("database.existingSecret=db", "database.existingSecretKey=dsn",
-     "networkPolicy.enabled=false", "operator.allowScriptedModel=true"),
+     "networkPolicy.enabled=false", "operator.allowScriptedModel=true",
+     "approval.allowSelfApproval=true"),
 ], ids=["many", "existing-secret"])
 def test_the_schema_accepts_what_the_chart_documents(values: tuple[str, ...]) -> None:
     done = helm("template", "agentrun", str(CHART), *ARGS, "--set", "postgres.enabled=true",
