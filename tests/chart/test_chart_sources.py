@@ -179,9 +179,15 @@ def test_every_place_names_the_operator_as_the_policies_exempt_it() -> None:
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}], binding
     # Every admission policy that exempts the operator exempts that identity.
-    policies = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
-    exempted = {p["metadata"]["name"]: set(re.findall(r"system:serviceaccount:[^'\"]+",
-                                                      json.dumps(p))) for p in policies}
+    policies = [d for d in docs if d["kind"] in ("ValidatingAdmissionPolicy",
+                                                  "MutatingAdmissionPolicy")]
+    exempted = {(p["kind"], p["metadata"]["name"]): set(re.findall(
+        r"system:serviceaccount:[^'\"]+", json.dumps(p))) for p in policies}
     assert {name for name, found in exempted.items() if found} == {
-        "agentrun-replay-of", "agentrun-run-references", "agentrun-allowed-images"}
+        ("ValidatingAdmissionPolicy", "agentrun-replay-of"),
+        ("ValidatingAdmissionPolicy", "agentrun-run-references"),
+        ("ValidatingAdmissionPolicy", "agentrun-allowed-images"),
+        # Who created a run: the operator writes it itself on the runs it creates.
+        ("ValidatingAdmissionPolicy", "agentrun-run-creator"),
+        ("MutatingAdmissionPolicy", "agentrun-run-creator")}
     assert all(found <= {identity} for found in exempted.values()), exempted
