@@ -39,6 +39,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from agentrun.effects import args_digest
 from agentrun.ledger import LedgerEntry
 from agentrun.scheduled import belongs_to, scheduled_run
 from agentrun.vocabulary import (
@@ -48,6 +49,7 @@ from agentrun.vocabulary import (
     API_VERSION,
     APPROVAL_KIND,
     APPROVAL_PLURAL,
+    APPROVER_CLUSTER_ROLE,
     ENV_DATABASE_URL,
     GROUP,
     LABEL_SCHEDULE,
@@ -377,6 +379,48 @@ def print_decision(replay: dict[str, Any]) -> None:
 # -- approve ----------------------------------------------------------------------------------
 
 
+def whole_arguments(cluster: Cluster, run: str, pending: dict[str, Any]) -> dict[str, Any]:
+    """The whole arguments of the call `run` waits for, read from its transcript as the
+    current user (status.pendingApproval.args is their first 1,024 bytes only), and
+    checked against the digest an approval will name. Anything less refuses: nobody
+    approves arguments they were not shown in full."""
+    call = f"call {pending['seq']} ({pending['tool']}) of AgentRun {run}"
+    try:
+        transcript = cluster.transcript(run)
+    except Failure as e:
+        raise Failure(f"Not deciding {call}: its whole arguments cannot be read from its "
+                      f"transcript ({e}), and nothing is approved unseen. Reading them needs "
+                      f"get on {TRANSCRIPT_PLURAL}.{TRANSCRIPT_GROUP} (ClusterRole "
+                      f"{APPROVER_CLUSTER_ROLE} grants it).", REFUSED) from e
+    asked = next((e for e in reversed(transcript.get("entries") or [])
+                  if e.get("kind") == EntryKind.APPROVAL
+                  and e.get("author") == TRANSCRIPT_AUTHOR
+                  and e.get("attempt") == pending.get("attempt")
+                  and e.get("seq") == pending.get("seq")
+                  and e.get("tool") == pending.get("tool")), None)
+    args = (asked or {}).get("args")
+    if not isinstance(args, dict):
+        raise Failure(f"Not deciding {call}: its transcript does not hold its arguments, and "
+                      "nothing is approved unseen.", REFUSED)
+    if args_digest(args) != pending.get("argsDigest"):
+        raise Failure(f"Not deciding {call}: the arguments its transcript holds have digest "
+                      f"{args_digest(args)}, not {pending.get('argsDigest')} (what an approval "
+                      "would approve), and nothing is approved unseen.", REFUSED)
+    return args
+
+
+def _show_long(text: str) -> None:
+    """Prints `text`, through the user's pager ($PAGER, else less) when it is longer than
+    the terminal; as it is when the output is not a terminal."""
+    import pydoc
+    import shutil
+
+    if sys.stdout.isatty() and text.count("\n") + 1 > shutil.get_terminal_size().lines - 4:
+        pydoc.pager(text)
+    else:
+        print(text)
+
+
 def approve(cluster: Cluster, run: str, *, deny: bool, note: str | None,
             timeout: float) -> int:
     """Shows the call `run` waits for, with its arguments, and decides it as the current
@@ -394,8 +438,10 @@ def approve(cluster: Cluster, run: str, *, deny: bool, note: str | None,
     print(f"AgentRun {run} waits for an approval of {pending['tool']} (call "
           f"{pending['seq']}, attempt {pending['attempt']}), asked at "
           f"{pending.get('requestedAt')}, until {pending.get('expiresAt')}:")
-    print(f"  arguments: {pending.get('args')}"
-          + (" ... (cut: the first 1,024 bytes)" if pending.get("argsTruncated") else ""))
+    args = whole_arguments(cluster, run, pending)
+    shown = json.dumps(args, indent=2, sort_keys=True, ensure_ascii=False)
+    _show_long(f"  arguments (whole, {len(shown.encode()):,} bytes as shown):\n"
+               + "\n".join(f"    {line}" for line in shown.splitlines()))
     print(f"  digest:    {pending['argsDigest']}")
     decision = ApprovalDecision.DENY if deny else ApprovalDecision.APPROVE
     user = cluster.whoami()

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentrun.vocabulary import (
+    ANNOTATION_CREATED_BY,
+    ANNOTATION_TEMPLATE_BY,
     API_VERSION,
     LABEL_SCHEDULE,
     RUN_KIND,
@@ -39,7 +41,8 @@ def slot_of(schedule: str, run: str) -> int | None:
 def scheduled_run(schedule: Mapping[str, Any], slot: datetime.datetime | int) -> dict[str, Any]:
     """The AgentRun of `schedule`'s slot: the template's metadata and spec, the label
     agentrun.dev/schedule, an ownerReference to the schedule (its controller: deleting the
-    schedule deletes its runs, whose records the store keeps), and trigger `schedule`."""
+    schedule deletes its runs, whose records the store keeps), trigger `schedule`, and as its
+    creator (agentrun.dev/created-by) the user who last wrote the template."""
     meta, spec = schedule["metadata"], schedule.get("spec") or {}
     template = spec.get("runTemplate") or {}
     template_meta = template.get("metadata") or {}
@@ -50,8 +53,16 @@ def scheduled_run(schedule: Mapping[str, Any], slot: datetime.datetime | int) ->
         "ownerReferences": [{"apiVersion": API_VERSION, "kind": SCHEDULE_KIND,
                              "name": meta["name"], "uid": meta["uid"], "controller": True}],
     }
-    if template_meta.get("annotations"):
-        metadata["annotations"] = dict(template_meta["annotations"])
+    # Who created the run is who last wrote the template (admission wrote it on the
+    # schedule), never what the template says: the operator creates the run with its own
+    # identity, which admission lets set agentrun.dev/created-by.
+    annotations = {k: v for k, v in (template_meta.get("annotations") or {}).items()
+                   if k != ANNOTATION_CREATED_BY}
+    author = (meta.get("annotations") or {}).get(ANNOTATION_TEMPLATE_BY)
+    if author:
+        annotations[ANNOTATION_CREATED_BY] = author
+    if annotations:
+        metadata["annotations"] = annotations
     return {"apiVersion": API_VERSION, "kind": RUN_KIND, "metadata": metadata,
             "spec": {**(template.get("spec") or {}), "trigger": Trigger.SCHEDULE}}
 

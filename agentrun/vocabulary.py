@@ -120,6 +120,9 @@ class Reason:
     AGENT_INVALID: Final = "AgentInvalid"
     # An MCP server of the Agent did not answer its tool listing before the first model call.
     TOOL_SERVER_UNAVAILABLE: Final = "ToolServerUnavailable"
+    # The call the runner opened after an approval is not the call approved: its arguments'
+    # digest differs from the approval's (the store API refuses the open; nothing ran).
+    APPROVAL_MISMATCH: Final = "ApprovalMismatch"
     # Non-failures.
     CREATED: Final = "Created"
     POD_CREATED: Final = "PodCreated"
@@ -143,7 +146,7 @@ class Reason:
     RUNNER_REPORTED: Final = frozenset({AGENT_ERROR, RATE_LIMITED_AFTER_TOOL_CALL,
                                         BUDGET_EXCEEDED, PRICE_UNKNOWN, AWAITING_APPROVAL,
                                         AGENT_NOT_FOUND, AGENT_INVALID,
-                                        TOOL_SERVER_UNAVAILABLE})
+                                        TOOL_SERVER_UNAVAILABLE, APPROVAL_MISMATCH})
     # What an attempt's recorded outcome may say: the runner's reasons, and the store API's
     # own observation that the run's input snapshot is gone.
     RECORDED: Final = RUNNER_REPORTED | {INPUT_UNAVAILABLE}
@@ -251,6 +254,8 @@ class ApprovalReason:
     ARGS_MISMATCH: Final = "ArgsMismatch"
     ALREADY_DECIDED: Final = "AlreadyDecided"
     RUN_NOT_FOUND: Final = "RunNotFound"
+    # The approver is the run's creator (annotation agentrun.dev/created-by): four eyes.
+    SELF_APPROVAL: Final = "SelfApproval"
 
 
 class ApprovalDecision:
@@ -299,6 +304,14 @@ ANNOTATION_INPUT_DIGEST: Final = f"{GROUP}/input-digest"
 # policy agentrun-replay-requester (the groups joined by ","), never by anyone else.
 ANNOTATION_REQUESTED_BY: Final = f"{GROUP}/requested-by"
 ANNOTATION_REQUESTED_BY_GROUPS: Final = f"{GROUP}/requested-by-groups"
+# Who created an AgentRun, as the API server knew them: written at admission by the policy
+# agentrun-run-creator; on the runs the operator creates, by the operator (a schedule's run:
+# ANNOTATION_TEMPLATE_BY of its schedule; a replay run: its replay's requester). Immutable.
+# That user may not approve the run's calls (ApprovalReason.SELF_APPROVAL).
+ANNOTATION_CREATED_BY: Final = f"{GROUP}/created-by"
+# On an AgentRunSchedule: who last wrote its spec.runTemplate, written at admission by the
+# same policy; its runs are created by that user's leave, so they carry that user.
+ANNOTATION_TEMPLATE_BY: Final = f"{GROUP}/template-by"
 # The RBAC verb on agentrunreplays that allows setting ANNOTATION_FORCE_REPLAY.
 VERB_FORCE: Final = "force"
 FORCER_CLUSTER_ROLE: Final = "agentrun-replay-forcer"

@@ -17,6 +17,7 @@ from typing import Any
 
 from agentrun import store
 from agentrun.vocabulary import (
+    ANNOTATION_CREATED_BY,
     APPROVAL_PLURAL,
     ApprovalDecision,
     ApprovalPhase,
@@ -46,16 +47,26 @@ class Verdict:
 
 
 def judge(spec: Mapping[str, Any], run_name: str, run_exists: bool,
-          pending: store.Approval | None, decided: Sequence[store.Approval]) -> Verdict:
-    """What an AgentRunApproval with `spec` does (api.md, "Approval"), first match wins:
-    no such run; the call it names is not the one waiting (decided already, or never
+          pending: store.Approval | None, decided: Sequence[store.Approval],
+          creator: str | None = None, allow_self: bool = False) -> Verdict:
+    """What an AgentRunApproval with `spec` does (api.md, "Approval" and "Tenant policy"),
+    first match wins: no such run; its approver created the run (four eyes, unless
+    `allow_self`); the call it names is not the one waiting (decided already, or never
     asked for); the arguments it approves are not the call's; else it decides the call.
-    `pending`: the call the run waits for; `decided`: its calls decided before."""
+    `pending`: the call the run waits for; `decided`: its calls decided before; `creator`:
+    the run's agentrun.dev/created-by (None: not recorded, as on runs older than it)."""
     seq, digest = int(spec.get("seq") or 0), str(spec.get("argsDigest") or "")
     if not run_exists:
         return Verdict(ApprovalPhase.REJECTED, ApprovalReason.RUN_NOT_FOUND,
                        f"AgentRun {run_name} does not exist in this namespace: check "
                        "spec.runName.")
+    approver = str(spec.get("approver") or "")
+    if creator and approver == creator and not allow_self:
+        return Verdict(ApprovalPhase.REJECTED, ApprovalReason.SELF_APPROVAL,
+                       f"{approver} created AgentRun {run_name} and may not decide its calls: "
+                       "another approver must (four eyes). The call stays pending. An "
+                       "installation run by one person sets the chart value "
+                       "approval.allowSelfApproval: true.")
     if pending is None or pending.seq != seq:
         done = next((a for a in reversed(decided) if a.seq == seq), None)
         if done is not None and (pending is None or done.attempt >= pending.attempt):
@@ -121,7 +132,10 @@ async def reconcile_approval(ctx: Context, namespace: str, name: str) -> float |
         uid = run["metadata"]["uid"]
         pending = await store.pending_approval(ctx.engine, uid)
         decided = [a for a in await store.approvals_of(ctx.engine, uid) if not a.pending]
-    verdict = judge(spec, run_name, run is not None, pending, decided or [])
+    creator = ((run or {}).get("metadata", {}).get("annotations") or {}).get(
+        ANNOTATION_CREATED_BY)
+    verdict = judge(spec, run_name, run is not None, pending, decided or [], creator,
+                    ctx.config.allow_self_approval)
     if verdict.decides:
         assert run is not None and pending is not None
         won = await store.decide(ctx.engine, run["metadata"]["uid"], pending.call_id,
@@ -130,7 +144,8 @@ async def reconcile_approval(ctx: Context, namespace: str, name: str) -> float |
         if not won:  # another approval (or the timeout) decided it a moment before
             decided = [a for a in await store.approvals_of(ctx.engine, run["metadata"]["uid"])
                        if not a.pending]
-            verdict = judge(spec, run_name, True, None, decided)
+            verdict = judge(spec, run_name, True, None, decided, creator,
+                            ctx.config.allow_self_approval)
         else:
             ctx.queue.add(("run", namespace, run_name))
             events.post(run, "ApprovalDecided", verdict.message)

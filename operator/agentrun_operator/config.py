@@ -58,6 +58,9 @@ class OperatorConfig:
     # The scripted model lets whoever creates a run choose every tool call: off unless
     # asked for (development clusters, tests, the demo).
     allow_scripted_model: bool = False
+    # Four eyes: a run's creator may not approve its calls, unless this says so (the
+    # chart's approval.allowSelfApproval, for installations one person runs alone).
+    allow_self_approval: bool = False
     runner_image: str = "agentrun/runner:dev"
     runner_command: tuple[str, ...] = ("agentrun-runner",)
     runner_service_account: str = "agentrun-runner"
@@ -143,6 +146,11 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
                    default=_env("AGENTRUN_ALLOW_SCRIPTED_MODEL", "") == "true",
                    help="honour spec.model: scripted (whoever creates a run then chooses "
                         "its tool calls; development clusters and tests only)")
+    p.add_argument("--allow-self-approval", action="store_true",
+                   default=_env("AGENTRUN_ALLOW_SELF_APPROVAL", "") == "true",
+                   help="let the user who created a run approve its calls (one-person "
+                        "installations; otherwise such an approval is Rejected "
+                        "SelfApproval)")
     p.add_argument("--runner-image", default=_env("AGENTRUN_RUNNER_IMAGE", "agentrun/runner:dev"))
     p.add_argument("--runner-command", default=_env("AGENTRUN_RUNNER_COMMAND", "agentrun-runner"),
                    help="the runner pod's command, space-separated")
@@ -252,6 +260,7 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
         store_api_ca=ca,
         transcript_api_listen=a.transcript_api_listen,
         allow_scripted_model=a.allow_scripted_model,
+        allow_self_approval=a.allow_self_approval,
         runner_image=a.runner_image,
         runner_command=tuple(a.runner_command.split()),
         runner_service_account=a.runner_service_account,

@@ -888,11 +888,11 @@ async def _waiting(ctx: Context, run: Mapping[str, Any]) -> float | None:
 async def _published_ledger(ctx: Context, run: Mapping[str, Any],
                             tools: list[str] | None) -> dict[str, Any]:
     """status.toolCalls of a settled run, from the store's ledger (none when the store
-    could not be read: toolsExecuted is null then, and is filled in later)."""
+    could not be read: toolsExecuted is null then, and is filled in later). Read even when
+    no tool ran: a call its approver denied is on the ledger (outcome denied), never in
+    toolsExecuted, and toolCalls is the ledger of every attempt."""
     if tools is None:
         return {}
-    if not tools:
-        return st.tool_calls([])
     try:
         return st.tool_calls(await store.ledger(ctx.engine, run["metadata"]["uid"]))
     except Exception as e:

@@ -19,7 +19,9 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun import agents, store
 from agentrun.vocabulary import (
+    ANNOTATION_CREATED_BY,
     ANNOTATION_INPUT_DIGEST,
+    ANNOTATION_REQUESTED_BY,
     API_VERSION,
     LABEL_REPLAY_OF,
     REPLAY_PLURAL,
@@ -66,7 +68,8 @@ def replay_run(
 ) -> dict[str, Any]:
     """The replay run's manifest: the original's spec on the original's input snapshot
     (named by digest: its ConfigMaps may be gone by now), in a fresh session, for the same
-    user."""
+    user. Its creator (agentrun.dev/created-by) is the replay's requester, as admission
+    recorded them: they asked for it, so they may not approve its calls."""
     meta = replay["metadata"]
     run_name = original["metadata"]["name"]
     spec = {k: v for k, v in (original.get("spec") or {}).items() if k not in _NOT_COPIED}
@@ -74,6 +77,10 @@ def replay_run(
     if (replay.get("spec") or {}).get("limits"):
         # A resume with raised (or lowered) limits: they replace the original's.
         spec["limits"] = dict(replay["spec"]["limits"])
+    annotations = {ANNOTATION_INPUT_DIGEST: digest}
+    requester = (meta.get("annotations") or {}).get(ANNOTATION_REQUESTED_BY)
+    if requester:
+        annotations[ANNOTATION_CREATED_BY] = requester
     return {
         "apiVersion": API_VERSION,
         "kind": RUN_KIND,
@@ -81,7 +88,7 @@ def replay_run(
             "name": name,
             "namespace": meta["namespace"],
             "labels": {LABEL_REPLAY_OF: run_name},
-            "annotations": {ANNOTATION_INPUT_DIGEST: digest},
+            "annotations": annotations,
         },
         "spec": spec,
     }

@@ -179,6 +179,8 @@ NOT_RETRIED = frozenset({
     Reason.SESSION_BUSY, Reason.SESSION_NOT_OWNED,
     # The run pinned its agent at launch: another attempt builds the same one.
     Reason.AGENT_NOT_FOUND, Reason.AGENT_INVALID,
+    # The resumed attempt would open the same call under the same arguments again.
+    Reason.APPROVAL_MISMATCH,
 })
 
 

@@ -235,6 +235,11 @@ def classify_failure(error: BaseException) -> Failure:
     from agentrun_runner.retries import EmptyModelTurn, RateLimitedAfterToolCall, causes
 
     for e in causes(error):
+        # The store refused to open an approved call under other arguments: the run ends
+        # so, whatever wraps the refusal (the ledger's fail-closed error).
+        if isinstance(e, StoreRefused) and e.reason == Reason.APPROVAL_MISMATCH:
+            return Failure(RunnerExit.AGENT_ERROR, Reason.APPROVAL_MISMATCH, e.message)
+    for e in causes(error):
         if isinstance(e, BudgetExceeded):
             return Failure(RunnerExit.BUDGET_EXCEEDED, Reason.BUDGET_EXCEEDED, str(e))
         if isinstance(e, AwaitingApproval):

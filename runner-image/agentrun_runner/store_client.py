@@ -50,10 +50,12 @@ CARRIED_TURN_BYTES = 48 * 1024
 class StoreRefused(RuntimeError):
     """The store API answered, and said no (or failed): its status and its sentence."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, reason: str | None = None) -> None:
         super().__init__(f"the store API refused ({status}): {message}")
         self.status = status
         self.message = message
+        # The run's failure reason when the refusal names one (ApprovalMismatch).
+        self.reason = reason
 
 
 class StoreUnreachable(RuntimeError):
@@ -244,7 +246,9 @@ class StoreClient:
         if not isinstance(data, dict):
             data = {"error": str(data)[:500]}
         if status >= 400:
-            raise StoreRefused(status, str(data.get("error") or data))
+            reason = data.get("reason")
+            raise StoreRefused(status, str(data.get("error") or data),
+                               reason if isinstance(reason, str) else None)
         return data
 
     # -- the attempt -----------------------------------------------------------------------

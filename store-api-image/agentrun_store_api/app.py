@@ -166,7 +166,10 @@ def _refused(route: Route, refusal: Refused, caller: Caller | None,
              said: RefusalLog) -> web.Response:
     metrics.REFUSALS.labels(route.name, str(refusal.status)).inc()
     said(route, refusal, caller)
-    return _answer(refusal.status, {"error": refusal.message})
+    body = {"error": refusal.message}
+    if refusal.reason:
+        body["reason"] = refusal.reason
+    return _answer(refusal.status, body)
 
 
 def _run_of(caller: Caller | None) -> str:

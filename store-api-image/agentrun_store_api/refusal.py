@@ -4,12 +4,14 @@ from __future__ import annotations
 
 
 class Refused(Exception):
-    """A request the store API will not serve: an HTTP status and one sentence."""
+    """A request the store API will not serve: an HTTP status and one sentence, and, when
+    the refusal ends the run with a reason of its own, that reason (the runner reports it)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, reason: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.reason = reason
 
 
 class OverQuota(Refused):

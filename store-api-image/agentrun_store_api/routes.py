@@ -482,6 +482,8 @@ class Routes:
                                f"{limits.LEDGER_ROWS_PER_ATTEMPT:,} tool calls; the tool was "
                                "not recorded, so it must not run")
         key = field(data, "idempotencyKey", str, optional=True)
+        if call_id:
+            await self._as_approved(caller, seq, tool, call_id, digest)
         turn = self._carried_turn(caller, data) if data.get("turn") is not None else None
         more = Usage(result_bytes=sum(len(json.dumps(c.result, separators=(",", ":")))
                                       for c in closes if c.result is not None))
@@ -519,6 +521,22 @@ class Routes:
             self.quotas.give_back(caller, more)
             raise
         return {"closed": closed}
+
+    async def _as_approved(self, caller: Caller, seq: int, tool: str, call_id: str,
+                           digest: str) -> None:
+        """An approval approves exactly the arguments it names (their digest): the call
+        opened under an approved call's id must have them, or it is refused and the run
+        ends ApprovalMismatch. Checked here, where the call opens, not by the runner."""
+        approved = next((a for a in await store.approvals_of(self.engine, caller.run_uid)
+                         if a.call_id == call_id and a.decision == ApprovalDecision.APPROVE),
+                        None)
+        if approved is not None and approved.args_digest != digest:
+            raise Refused(409, f"call {seq} ({tool}) of attempt {caller.attempt} of run "
+                               f"{caller.run_name} opens with arguments {digest}, but "
+                               f"{approved.approver} approved call {call_id} with arguments "
+                               f"{approved.args_digest}: an approval approves exactly the "
+                               "arguments it names, so the tool was not run",
+                          reason=Reason.APPROVAL_MISMATCH)
 
     async def _call(self, caller: Caller, seq: int) -> store.LedgerEntry | None:
         rows = await store.ledger(self.engine, caller.run_uid)

@@ -229,6 +229,10 @@ def test_the_operator_sends_runners_to_the_store_api_and_holds_no_runner_secret(
 
     scripted = objects(control_plane, "postgres.enabled=true", "operator.allowScriptedModel=true")
     assert "--allow-scripted-model" in container(scripted, "agentrun-operator")["args"]
+    # Four eyes hold unless the installation says one person may approve their own runs.
+    assert "--allow-self-approval" not in args
+    alone = objects(control_plane, "postgres.enabled=true", "approval.allowSelfApproval=true")
+    assert "--allow-self-approval" in container(alone, "agentrun-operator")["args"]
 
 
 def _env(found: Objects, deployment: str, name: str) -> dict[str, Any]:

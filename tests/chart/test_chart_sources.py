@@ -124,7 +124,8 @@ def test_helm_lint_and_template_accept_the_defaults() -> None:
      "database.url=postgresql+psycopg://u@db:5432/agentrun", "postgres.storage=10Gi",
      "operator.resources.limits.cpu=2"),
     ("database.existingSecret=db", "database.existingSecretKey=dsn",
-     "networkPolicy.enabled=false", "operator.allowScriptedModel=true"),
+     "networkPolicy.enabled=false", "operator.allowScriptedModel=true",
+     "approval.allowSelfApproval=true"),
 ], ids=["many", "existing-secret"])
 def test_the_schema_accepts_what_the_chart_documents(values: tuple[str, ...]) -> None:
     done = helm("template", "agentrun", str(CHART), *ARGS, "--set", "postgres.enabled=true",
@@ -178,9 +179,15 @@ def test_every_place_names_the_operator_as_the_policies_exempt_it() -> None:
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}], binding
     # Every admission policy that exempts the operator exempts that identity.
-    policies = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
-    exempted = {p["metadata"]["name"]: set(re.findall(r"system:serviceaccount:[^'\"]+",
-                                                      json.dumps(p))) for p in policies}
+    policies = [d for d in docs if d["kind"] in ("ValidatingAdmissionPolicy",
+                                                  "MutatingAdmissionPolicy")]
+    exempted = {(p["kind"], p["metadata"]["name"]): set(re.findall(
+        r"system:serviceaccount:[^'\"]+", json.dumps(p))) for p in policies}
     assert {name for name, found in exempted.items() if found} == {
-        "agentrun-replay-of", "agentrun-run-references", "agentrun-allowed-images"}
+        ("ValidatingAdmissionPolicy", "agentrun-replay-of"),
+        ("ValidatingAdmissionPolicy", "agentrun-run-references"),
+        ("ValidatingAdmissionPolicy", "agentrun-allowed-images"),
+        # Who created a run: the operator writes it itself on the runs it creates.
+        ("ValidatingAdmissionPolicy", "agentrun-run-creator"),
+        ("MutatingAdmissionPolicy", "agentrun-run-creator")}
     assert all(found <= {identity} for found in exempted.values()), exempted

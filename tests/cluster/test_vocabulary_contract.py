@@ -130,12 +130,14 @@ def test_every_policy_is_bound() -> None:
     }
     assert policies == {"agentrun-force-replay", "agentrun-replay-of", "agentrun-run-references",
                         "agentrun-replay-requester", "agentrun-approver",
-                        "agentrun-agent-references"}
+                        "agentrun-agent-references", "agentrun-run-creator",
+                        "agentrun-schedule-template-by"}
     assert bindings == {p: ["Deny"] for p in policies}
     mutating = {d["metadata"]["name"] for d in _docs() if d["kind"] == "MutatingAdmissionPolicy"}
     mutating_bound = {d["spec"]["policyName"] for d in _docs()
                       if d["kind"] == "MutatingAdmissionPolicyBinding"}
-    assert mutating == mutating_bound == {"agentrun-replay-requester"}
+    assert mutating == mutating_bound == {"agentrun-replay-requester", "agentrun-run-creator",
+                                          "agentrun-schedule-template-by"}
 
 
 def test_the_schedule_crd_speaks_the_vocabulary() -> None:

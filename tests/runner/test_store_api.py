@@ -15,8 +15,8 @@ from google.adk.events.event import Event
 from google.genai import types
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from agentrun import store
-from agentrun.vocabulary import ENV_SCRIPT_TRANSCRIPT, RunStatus
+from agentrun import effects, store
+from agentrun.vocabulary import ENV_SCRIPT_TRANSCRIPT, ApprovalDecision, Reason, RunStatus
 from tests.runner.conftest import Run, prepare_run, query, run_runner
 from tests.store_api import RunnerWorld, call
 
@@ -186,3 +186,46 @@ def test_a_run_naming_another_namespaces_session_gets_its_own(
     assert "ALPHA asks" in seen and "BRAVO" not in seen
     assert query(pg_store, lambda e: events(e, b.app)) == before
     assert len(query(pg_store, lambda e: events(e, a.app))) == 2
+
+
+def test_an_approved_call_opens_only_with_the_arguments_approved(
+    pg_store: str, runner_world: RunnerWorld
+) -> None:
+    """An approval approves exactly the arguments it names: a runner that opens the
+    approved call under other arguments is refused (ApprovalMismatch), nothing is on the
+    ledger, and the call opens with the approved ones."""
+    run = prepare_run(pg_store, "approved", namespace=runner_world.namespace)
+    api = runner_world.store_api(pg_store).url
+    first = run.identity(1).token
+    assert call(api, "POST", "/v1/attempt/begin", first, {})[0] == 200
+    # ~2 KB of arguments, the decisive part after byte 1,024 (what status shows).
+    approved = {"account": "a" * 1500, "amount": 120, "to": "customer-42"}
+    other = {**approved, "to": "attacker-7"}
+    status, said = call(api, "POST", "/v1/approvals", first, {
+        "seq": 1, "tool": "transfer", "callId": "c1", "args": approved,
+        "argsDigest": effects.args_digest(approved), "timeoutSeconds": 3600})
+    assert status == 200, said
+    assert call(api, "POST", "/v1/attempt/outcome", first, {
+        "status": RunStatus.FAILED, "reason": Reason.AWAITING_APPROVAL,
+        "message": "transfer waits"})[0] == 200
+    assert query(pg_store, lambda e: store.decide(e, run.uid, "c1", ApprovalDecision.APPROVE,
+                                                  "ann", None, "approved-1"))
+
+    second = run.identity(2).token
+    assert call(api, "POST", "/v1/attempt/begin", second, {})[0] == 200
+    status, said = call(api, "POST", "/v1/ledger", second, {
+        "seq": 1, "tool": "transfer", "callId": "c1",
+        "argsDigest": effects.args_digest(other)})
+    assert status == 409, said
+    assert said["reason"] == Reason.APPROVAL_MISMATCH
+    assert "ann approved call c1 with arguments " + effects.args_digest(approved) in (
+        said["error"])
+    assert "the tool was not run" in said["error"]
+    assert query(pg_store, lambda e: store.ledger(e, run.uid)) == []
+    # The approved arguments open it; the runner may then report the mismatch's reason.
+    status, said = call(api, "POST", "/v1/ledger", second, {
+        "seq": 1, "tool": "transfer", "callId": "c1",
+        "argsDigest": effects.args_digest(approved)})
+    assert status == 200, said
+    assert [r.args_digest for r in query(pg_store, lambda e: store.ledger(e, run.uid))] == [
+        effects.args_digest(approved)]

@@ -37,6 +37,8 @@ class Row:
     phase: str
     reason: str
     says: str
+    creator: str | None = None  # the run's agentrun.dev/created-by
+    allow_self: bool = False  # the chart's approval.allowSelfApproval
 
 
 TABLE = [
@@ -57,6 +59,24 @@ TABLE = [
         ApprovalReason.DECIDED, "is approved by bob"),
     Row("the waiting call, denied", spec(decision="Deny"), True, WAITING, (),
         ApprovalPhase.ACCEPTED, ApprovalReason.DECIDED, "is denied by bob"),
+    # Four eyes: bob created the run, so bob's decision is refused, the call still waits.
+    Row("the run's creator approves", spec(), True, WAITING, (), ApprovalPhase.REJECTED,
+        ApprovalReason.SELF_APPROVAL, "bob created AgentRun triage-42 and may not decide",
+        creator="bob"),
+    Row("the run's creator denies", spec(decision="Deny"), True, WAITING, (),
+        ApprovalPhase.REJECTED, ApprovalReason.SELF_APPROVAL, "The call stays pending",
+        creator="bob"),
+    Row("the creator, where self-approval is allowed", spec(), True, WAITING, (),
+        ApprovalPhase.ACCEPTED, ApprovalReason.DECIDED, "is approved by bob", creator="bob",
+        allow_self=True),
+    Row("another user's run", spec(), True, WAITING, (), ApprovalPhase.ACCEPTED,
+        ApprovalReason.DECIDED, "is approved by bob", creator="carol"),
+    Row("a run that records no creator", spec(), True, WAITING, (), ApprovalPhase.ACCEPTED,
+        ApprovalReason.DECIDED, "is approved by bob", creator=None),
+    # Who decides comes before what: the creator is told so even for the wrong digest.
+    Row("the creator, other arguments", spec(digest="sha256:" + "cd" * 32), True, WAITING,
+        (), ApprovalPhase.REJECTED, ApprovalReason.SELF_APPROVAL, "four eyes",
+        creator="bob"),
     # A later wait of the same seq (another attempt) is a call of its own.
     Row("a new wait of an already decided seq", spec(), True,
         replace(WAITING, attempt=3, call_id="c9"), (DECIDED,), ApprovalPhase.ACCEPTED,
@@ -66,7 +86,8 @@ TABLE = [
 
 @pytest.mark.parametrize("row", TABLE, ids=[r.name for r in TABLE])
 def test_judge(row: Row) -> None:
-    verdict = judge(row.spec, "triage-42", row.run_exists, row.pending, row.decided)
+    verdict = judge(row.spec, "triage-42", row.run_exists, row.pending, row.decided,
+                    row.creator, row.allow_self)
     assert (verdict.phase, verdict.reason) == (row.phase, row.reason)
     assert row.says in verdict.message
     assert verdict.decides == (row.reason == ApprovalReason.DECIDED)

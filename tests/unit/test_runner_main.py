@@ -9,6 +9,7 @@ import pytest
 from agentrun_runner.ledger import LedgerWriteFailed
 from agentrun_runner.main import UsageError, classify_failure, parse_config
 from agentrun_runner.retries import EmptyModelTurn, RateLimitedAfterToolCall
+from agentrun_runner.store_client import StoreRefused
 from google.genai import errors
 
 from agentrun.vocabulary import Reason, RunnerEnv, RunnerExit
@@ -54,6 +55,33 @@ def _wrapped(error: BaseException) -> RuntimeError:
     outer = RuntimeError("Error in plugin")
     outer.__cause__ = error
     return outer
+
+
+def _ledger_refused(status: int, message: str, reason: str | None) -> RuntimeError:
+    """What a refused open looks like when it reaches the runner's outcome: the ledger's
+    fail-closed error over the store API's refusal, inside ADK's plugin error."""
+    refused = StoreRefused(status, message, reason)
+    failed = LedgerWriteFailed("transfer", refused)
+    failed.__cause__ = refused  # raised `from` the refusal, as the ledger does
+    return _wrapped(failed)
+
+
+@pytest.mark.parametrize(
+    ("error", "reason", "says"),
+    [
+        # The store refused to open the approved call under other arguments.
+        (_ledger_refused(409, "ann approved call c1 with arguments sha256:aa",
+                         Reason.APPROVAL_MISMATCH),
+         Reason.APPROVAL_MISMATCH, "ann approved call c1 with arguments sha256:aa"),
+        # Any other refusal of an open stays an agent error (fail closed).
+        (_ledger_refused(409, "already on the ledger as another call", None),
+         Reason.AGENT_ERROR, "transfer was not run"),
+    ],
+)
+def test_a_refused_open_names_its_reason(error: BaseException, reason: str, says: str) -> None:
+    failure = classify_failure(error)
+    assert (failure.code, failure.reason) == (RunnerExit.AGENT_ERROR, reason)
+    assert says in failure.message
 
 
 @pytest.mark.parametrize(

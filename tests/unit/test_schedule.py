@@ -32,7 +32,14 @@ from agentrun_operator.schedule import (
 )
 from agentrun_operator.slots import InvalidSchedule, Slots, parse
 
-from agentrun.vocabulary import ConcurrencyPolicy, Phase, ScheduleReason
+from agentrun.scheduled import scheduled_run
+from agentrun.vocabulary import (
+    ANNOTATION_CREATED_BY,
+    ANNOTATION_TEMPLATE_BY,
+    ConcurrencyPolicy,
+    Phase,
+    ScheduleReason,
+)
 
 T0 = datetime.datetime(2026, 7, 10, 12, 0, 0, tzinfo=datetime.UTC)  # a slot of @every 10s
 SECONDS = datetime.timedelta(seconds=1)
@@ -247,3 +254,21 @@ def test_facts_from_the_objects() -> None:
     other = run_facts("nightly", {"metadata": {"name": "nightly-by-hand", "uid": "x",
                                                "creationTimestamp": "2026-07-10T12:00:03Z"}})
     assert other.slot is None and other.when == at(3) and other.live
+
+
+def test_a_schedules_run_is_created_by_who_last_wrote_its_template() -> None:
+    """Four eyes hold for scheduled runs: the run carries the schedule's
+    agentrun.dev/template-by as its agentrun.dev/created-by, whatever the template's own
+    annotations say (the operator, which creates it, may set created-by)."""
+    schedule = {"metadata": {"name": "nightly", "namespace": "support", "uid": "s-1",
+                             "annotations": {ANNOTATION_TEMPLATE_BY: "dave"}},
+                "spec": {"runTemplate": {
+                    "metadata": {"annotations": {ANNOTATION_CREATED_BY: "someone-else",
+                                                 "team": "support"}},
+                    "spec": {"agent": "support-agent"}}}}
+    run = scheduled_run(schedule, 1_700_000_000)
+    assert run["metadata"]["annotations"] == {ANNOTATION_CREATED_BY: "dave", "team": "support"}
+    # A schedule admission never saw (no template-by): no creator, not the template's word.
+    unknown = {**schedule, "metadata": {**schedule["metadata"], "annotations": {}}}
+    assert scheduled_run(unknown, 1_700_000_000)["metadata"]["annotations"] == {
+        "team": "support"}
