@@ -11,7 +11,8 @@ Secret is looked at again every AGENT_RECHECK seconds (Secrets are not watched).
 
 At a run's launch, `pin` resolves the Agent the run names from the API server itself (not
 from the watch's cache: an Agent created or changed just before the run counts), snapshots
-it in the store and returns the digest the run records, or the refusal. A replay (and so a
+it in the store and returns the digest the run records, or the refusal (also a run whose
+spec.tools loosens the Agents' effects: PolicyViolation). A replay (and so a
 manual resume) pins its original's snapshot, found through the store's record of the
 original, never through anything a user could edit.
 """
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import agents, store
+from agentrun import agents, policy, store
 from agentrun.vocabulary import AGENT_PLURAL, AgentReason, Condition, Reason
 from agentrun_operator import events
 from agentrun_operator.status import stamp
@@ -196,4 +197,17 @@ async def pin(ctx: Context, run: Mapping[str, Any]) -> Pin:
         return Pin(None, (Reason.AGENT_INVALID, (
             f"{problem} No pod was started, no tool was called; fix the Agent (kubectl "
             f"describe agent {name} -n {namespace}) and create the run again.")))
+    loosened = launch_violation(resolution.snapshot, spec.get("tools") or [])
+    if loosened is not None:
+        return Pin(None, (Reason.POLICY_VIOLATION, loosened.message.replace(
+            "No tool was called", "No pod was started, no tool was called")))
     return Pin(await store.put_agent(ctx.engine, resolution.snapshot))
+
+
+def launch_violation(snapshot: Mapping[str, Any],
+                     run_tools: Sequence[Mapping[str, Any]]) -> policy.Violation | None:
+    """What the operator can know at launch of "a run only tightens" (agentrun.policy):
+    the run's spec.tools against the Agents' effects. The image's code is the runner's
+    to check, before its first model call."""
+    return policy.first_violation([policy.of_rules(policy.AGENT, policy.agent_rules(snapshot)),
+                                   policy.of_rules(policy.RUN, run_tools)])

@@ -179,6 +179,8 @@ NOT_RETRIED = frozenset({
     Reason.SESSION_BUSY, Reason.SESSION_NOT_OWNED,
     # The run pinned its agent at launch: another attempt builds the same one.
     Reason.AGENT_NOT_FOUND, Reason.AGENT_INVALID,
+    # The run's spec.tools loosens what the Agent or the image declares: it always will.
+    Reason.POLICY_VIOLATION,
 })
 
 
