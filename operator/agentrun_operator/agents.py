@@ -53,14 +53,22 @@ def _condition(type_: str, status: str, reason: str, message: str, now: datetime
 
 def agent_status(resolution: agents.Resolution, missing_secrets: Sequence[str], *,
                  generation: int | None, now: datetime.datetime,
-                 previous: Mapping[str, Any]) -> dict[str, Any]:
+                 previous: Mapping[str, Any], refused: str | None = None) -> dict[str, Any]:
     """An Agent's status from what its reconcile found: Ready True (reason Valid) when it
     resolves and every Secret it names exists; else Ready False and Stalled True, reason
     AgentInvalid (runs of it fail so) or SecretNotFound (their pods wait for it).
+    `refused` is the runner's word that the snapshot cannot be built in its image (the
+    latest run of it failed AgentInvalid: a function the image does not ship as a tool),
+    which the operator, without the image's code, cannot find by itself.
     `digest` is the snapshot a run would pin now, whenever the definition resolves."""
     if not resolution.valid:
         ready, reason = "False", AgentReason.INVALID
         message = f"{resolution.problem} Runs of it fail {Reason.AGENT_INVALID} until it is fixed."
+    elif refused is not None:
+        ready, reason = "False", AgentReason.INVALID
+        message = (f"The runner image refused the snapshot {resolution.digest}: {refused} "
+                   f"Runs of it fail {Reason.AGENT_INVALID} until the Agent or the image is "
+                   "fixed.")
     elif missing_secrets:
         ready, reason = "False", AgentReason.SECRET_NOT_FOUND
         message = (f"{'; '.join(missing_secrets)}. Runs of it wait, Pending, until the Secret "
@@ -121,6 +129,12 @@ async def missing_secrets(kube: Kube, namespace: str,
     return found
 
 
+def _has_functions(snapshot: Mapping[str, Any] | None) -> bool:
+    """Whether the snapshot names a function tool: what only the image can refuse."""
+    return any(tool.get("function") for spec in ((snapshot or {}).get("agents") or {}).values()
+               for tool in spec.get("tools") or [])
+
+
 # -- the reconcile step -----------------------------------------------------------------------
 
 
@@ -140,10 +154,12 @@ async def reconcile_agent(ctx: Context, namespace: str, name: str) -> float | No
     resolution = agents.resolve(name, specs, namespace)
     missing = await missing_secrets(ctx.kube, namespace, agents.secret_refs(
         resolution.snapshot)) if resolution.snapshot is not None else []
+    refused = await store.image_refusal(ctx.engine, resolution.digest) if (
+        resolution.digest is not None and _has_functions(resolution.snapshot)) else None
     now = datetime.datetime.now(datetime.UTC)
     previous = agent.get("status") or {}
     status = agent_status(resolution, missing, generation=agent["metadata"].get("generation"),
-                          now=now, previous=previous)
+                          now=now, previous=previous, refused=refused)
     again = AGENT_RECHECK if missing else None
     if {k: previous.get(k) for k in status} == status and set(previous) <= set(status):
         return again

@@ -262,3 +262,19 @@ def test_a_standard_library_function_is_no_tool(function: str) -> None:
     resolution = agents.resolve("triage", {"triage": {"tools": [{"function": function}]}}, "ns")
     assert resolution.problem is not None and function in resolution.problem
     assert agents.problems_of("triage", {"tools": [{"function": "sample_tools.lookup"}]}) == []
+
+
+def test_an_agent_the_runner_image_refused_is_not_ready() -> None:
+    resolution = agents.resolve("triage", {"triage": TRIAGE, "billing": BILLING}, NS)
+    said = ("Agent triage cannot be built in this runner: the function my_tools.refund is "
+            "not a tool of the runner image. No tool was called.")
+    status = agent_status(resolution, [], generation=3, now=NOW, previous={}, refused=said)
+    assert _conditions(status)[Condition.READY] == ("False", AgentReason.INVALID)
+    assert _conditions(status)[Condition.STALLED] == ("True", AgentReason.INVALID)
+    message = status["conditions"][0]["message"]
+    assert said in message and "my_tools.refund" in message
+    assert status["digest"] == resolution.digest  # the snapshot the refusal is of
+    # A missing Secret says what to do first only when the image has not refused it.
+    missing = agent_status(resolution, ["Secret crm has no key token"], generation=3,
+                           now=NOW, previous={}, refused=said)
+    assert _conditions(missing)[Condition.READY] == ("False", AgentReason.INVALID)
