@@ -8,9 +8,16 @@ Every tool has one effect class:
 - `Effectful` (the default): anything else; an in-doubt call is not run again, and the
   resume is refused `ToolCallInDoubt` unless forced.
 
-How a tool says so, first match wins: the AgentRun's `spec.tools` (a platform team's
-override), a declaration in the agent's code (`@read_only`, `@idempotent`), an MCP tool's
-annotations (`readOnlyHint` -> ReadOnly, `idempotentHint` -> Idempotent), else Effectful.
+How a tool says so: the agent's code (`@read_only`, `@idempotent`, `@effectful`), the
+Agent's `effects`, the AgentRun's `spec.tools`, an MCP tool's annotations (`readOnlyHint`
+-> ReadOnly, `idempotentHint` -> Idempotent), else Effectful. A less trusted source may
+only make a tool stricter than a more trusted one said (agentrun.policy: the launch
+refuses a run that loosens), so once the policy holds the run's word is the strictest and
+is applied first.
+
+Each of these decorators also marks a function as a tool the image ships: an Agent's
+`tools[].function` resolves only to a function of the runner image's agents directory so
+marked (`@tool` marks one that declares nothing else), never to any importable callable.
 
 Idempotency keys come from stable intent, never from generated content: inside a tool,
 `idempotency_key(tool_context)` is the key of this logical call, the same every time this
@@ -40,17 +47,43 @@ _lineage: list[str] = []
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+# Where a function says it is a tool the image ships (any decorator below sets it).
+_TOOL: Final = "__agentrun_tool__"
+# Order of strictness: a less trusted source may move a tool only rightwards.
+STRICTNESS: Final[Mapping[str, int]] = {READ_ONLY: 0, IDEMPOTENT: 1, EFFECTFUL: 2}
+
+
+def tool(func: F) -> F:
+    """Marks a function as a tool of the image that an Agent may name in
+    `tools[].function`, declaring nothing else (its effect is Effectful unless a source
+    says otherwise)."""
+    setattr(func, _TOOL, True)
+    return func
+
+
+def is_tool(func: Any) -> bool:
+    """Whether a function was marked as a tool by one of this module's decorators."""
+    return getattr(func, _TOOL, False) is True
+
+
 def read_only(func: F) -> F:
     """Declares a tool function ReadOnly: it touches nothing."""
     setattr(func, _ATTRIBUTE, READ_ONLY)
-    return func
+    return tool(func)
 
 
 def idempotent(func: F) -> F:
     """Declares a tool function Idempotent: it passes `idempotency_key(tool_context)` to
     whatever dedupes (an Idempotency-Key header, a message id, a unique column)."""
     setattr(func, _ATTRIBUTE, IDEMPOTENT)
-    return func
+    return tool(func)
+
+
+def effectful(func: F) -> F:
+    """Declares a tool function Effectful (as an undeclared one is), so that no Agent or
+    run may call it ReadOnly or Idempotent: an in-doubt call of it is never run again."""
+    setattr(func, _ATTRIBUTE, EFFECTFUL)
+    return tool(func)
 
 
 # Where a tool function says its calls wait for a human's decision.
@@ -59,9 +92,18 @@ _APPROVAL: Final = "__agentrun_requires_approval__"
 
 def requires_approval(func: F) -> F:
     """Declares that each call of a tool function waits for an AgentRunApproval before it
-    runs (a run's spec.tools[].approval overrides this either way)."""
+    runs (no Agent or run can lift it: agentrun.policy)."""
     setattr(func, _APPROVAL, True)
-    return func
+    return tool(func)
+
+
+def declared_effect(tool: Any) -> str | None:
+    """The effect class the code of an ADK tool (or a function) declares, if any."""
+    for holder in (tool, getattr(tool, "func", None)):
+        declared = getattr(holder, _ATTRIBUTE, None)
+        if declared in ALL:
+            return str(declared)
+    return None
 
 
 def declares_approval(tool: Any) -> bool:
@@ -84,10 +126,9 @@ def effect_of(tool: Any, overrides: Mapping[str, str] | None = None) -> str:
     name = str(getattr(tool, "name", "") or "")
     if overrides and overrides.get(name) in ALL:
         return str(overrides[name])
-    for holder in (tool, getattr(tool, "func", None)):
-        declared = getattr(holder, _ATTRIBUTE, None)
-        if declared in ALL:
-            return str(declared)
+    declared = declared_effect(tool)
+    if declared is not None:
+        return declared
     mcp = getattr(tool, "_mcp_tool", None)
     annotations = getattr(mcp, "annotations", None) if mcp is not None else None
     if annotations is not None:

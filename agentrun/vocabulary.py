@@ -123,6 +123,10 @@ class Reason:
     # The call the runner opened after an approval is not the call approved: its arguments'
     # digest differs from the approval's (the store API refuses the open; nothing ran).
     APPROVAL_MISMATCH: Final = "ApprovalMismatch"
+    # A less trusted source loosens a tool's effect or approval that a more trusted one
+    # declared (agentrun.policy): at launch by the operator, or by the runner (which alone
+    # sees the image's code) before the first model call.
+    POLICY_VIOLATION: Final = "PolicyViolation"
     # Non-failures.
     CREATED: Final = "Created"
     POD_CREATED: Final = "PodCreated"
@@ -146,7 +150,8 @@ class Reason:
     RUNNER_REPORTED: Final = frozenset({AGENT_ERROR, RATE_LIMITED_AFTER_TOOL_CALL,
                                         BUDGET_EXCEEDED, PRICE_UNKNOWN, AWAITING_APPROVAL,
                                         AGENT_NOT_FOUND, AGENT_INVALID,
-                                        TOOL_SERVER_UNAVAILABLE, APPROVAL_MISMATCH})
+                                        TOOL_SERVER_UNAVAILABLE, APPROVAL_MISMATCH,
+                                        POLICY_VIOLATION})
     # What an attempt's recorded outcome may say: the runner's reasons, and the store API's
     # own observation that the run's input snapshot is gone.
     RECORDED: Final = RUNNER_REPORTED | {INPUT_UNAVAILABLE}
@@ -492,6 +497,7 @@ class RunnerExit:
     AGENT_NOT_FOUND: Final = 10
     AGENT_INVALID: Final = 11
     TOOL_SERVER_UNAVAILABLE: Final = 12
+    POLICY_VIOLATION: Final = 13
 
 
 class RunStatus:

@@ -23,6 +23,7 @@ Inputs (content-addressed snapshots)
 Agent snapshots (content-addressed, never changed: agentrun.agents)
     await put_agent(engine, snapshot) -> "sha256:<hex>"                    operator, idempotent
     await get_agent(engine, digest) -> dict | None
+    await image_refusal(engine, digest) -> str | None   a runner's AgentInvalid of it, latest
 
 Runs and attempts (status: vocabulary.RunStatus)
     await record_run(engine, uid, namespace, name, agent, trigger, user_id, input_digest,
@@ -101,7 +102,7 @@ Memory (agentrun.store.memory, with google-adk) and samples
 
 from agentrun.effects import args_digest
 from agentrun.ledger import LedgerEntry
-from agentrun.store.agent_snapshots import get_agent, put_agent
+from agentrun.store.agent_snapshots import get_agent, image_refusal, put_agent
 from agentrun.store.approvals import (
     Approval,
     TooManyPending,
@@ -245,6 +246,7 @@ __all__ = [
     "get_result",
     "get_run",
     "head_revision",
+    "image_refusal",
     "input_digest",
     "installation_key",
     "is_durable",

@@ -11,7 +11,8 @@ Secret is looked at again every AGENT_RECHECK seconds (Secrets are not watched).
 
 At a run's launch, `pin` resolves the Agent the run names from the API server itself (not
 from the watch's cache: an Agent created or changed just before the run counts), snapshots
-it in the store and returns the digest the run records, or the refusal. A replay (and so a
+it in the store and returns the digest the run records, or the refusal (also a run whose
+spec.tools loosens the Agents' effects: PolicyViolation). A replay (and so a
 manual resume) pins its original's snapshot, found through the store's record of the
 original, never through anything a user could edit.
 """
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import agents, store
+from agentrun import agents, policy, store
 from agentrun.vocabulary import AGENT_PLURAL, AgentReason, Condition, Reason
 from agentrun_operator import events
 from agentrun_operator.status import stamp
@@ -52,14 +53,22 @@ def _condition(type_: str, status: str, reason: str, message: str, now: datetime
 
 def agent_status(resolution: agents.Resolution, missing_secrets: Sequence[str], *,
                  generation: int | None, now: datetime.datetime,
-                 previous: Mapping[str, Any]) -> dict[str, Any]:
+                 previous: Mapping[str, Any], refused: str | None = None) -> dict[str, Any]:
     """An Agent's status from what its reconcile found: Ready True (reason Valid) when it
     resolves and every Secret it names exists; else Ready False and Stalled True, reason
     AgentInvalid (runs of it fail so) or SecretNotFound (their pods wait for it).
+    `refused` is the runner's word that the snapshot cannot be built in its image (the
+    latest run of it failed AgentInvalid: a function the image does not ship as a tool),
+    which the operator, without the image's code, cannot find by itself.
     `digest` is the snapshot a run would pin now, whenever the definition resolves."""
     if not resolution.valid:
         ready, reason = "False", AgentReason.INVALID
         message = f"{resolution.problem} Runs of it fail {Reason.AGENT_INVALID} until it is fixed."
+    elif refused is not None:
+        ready, reason = "False", AgentReason.INVALID
+        message = (f"The runner image refused the snapshot {resolution.digest}: {refused} "
+                   f"Runs of it fail {Reason.AGENT_INVALID} until the Agent or the image is "
+                   "fixed.")
     elif missing_secrets:
         ready, reason = "False", AgentReason.SECRET_NOT_FOUND
         message = (f"{'; '.join(missing_secrets)}. Runs of it wait, Pending, until the Secret "
@@ -120,6 +129,12 @@ async def missing_secrets(kube: Kube, namespace: str,
     return found
 
 
+def _has_functions(snapshot: Mapping[str, Any] | None) -> bool:
+    """Whether the snapshot names a function tool: what only the image can refuse."""
+    return any(tool.get("function") for spec in ((snapshot or {}).get("agents") or {}).values()
+               for tool in spec.get("tools") or [])
+
+
 # -- the reconcile step -----------------------------------------------------------------------
 
 
@@ -139,10 +154,12 @@ async def reconcile_agent(ctx: Context, namespace: str, name: str) -> float | No
     resolution = agents.resolve(name, specs, namespace)
     missing = await missing_secrets(ctx.kube, namespace, agents.secret_refs(
         resolution.snapshot)) if resolution.snapshot is not None else []
+    refused = await store.image_refusal(ctx.engine, resolution.digest) if (
+        resolution.digest is not None and _has_functions(resolution.snapshot)) else None
     now = datetime.datetime.now(datetime.UTC)
     previous = agent.get("status") or {}
     status = agent_status(resolution, missing, generation=agent["metadata"].get("generation"),
-                          now=now, previous=previous)
+                          now=now, previous=previous, refused=refused)
     again = AGENT_RECHECK if missing else None
     if {k: previous.get(k) for k in status} == status and set(previous) <= set(status):
         return again
@@ -196,4 +213,17 @@ async def pin(ctx: Context, run: Mapping[str, Any]) -> Pin:
         return Pin(None, (Reason.AGENT_INVALID, (
             f"{problem} No pod was started, no tool was called; fix the Agent (kubectl "
             f"describe agent {name} -n {namespace}) and create the run again.")))
+    loosened = launch_violation(resolution.snapshot, spec.get("tools") or [])
+    if loosened is not None:
+        return Pin(None, (Reason.POLICY_VIOLATION, loosened.message.replace(
+            "No tool was called", "No pod was started, no tool was called")))
     return Pin(await store.put_agent(ctx.engine, resolution.snapshot))
+
+
+def launch_violation(snapshot: Mapping[str, Any],
+                     run_tools: Sequence[Mapping[str, Any]]) -> policy.Violation | None:
+    """What the operator can know at launch of "a run only tightens" (agentrun.policy):
+    the run's spec.tools against the Agents' effects. The image's code is the runner's
+    to check, before its first model call."""
+    return policy.first_violation([policy.of_rules(policy.AGENT, policy.agent_rules(snapshot)),
+                                   policy.of_rules(policy.RUN, run_tools)])

@@ -36,6 +36,7 @@ from agentrun.vocabulary import (
     SCHEDULE_PLURAL,
     VERSION,
     Phase,
+    Reason,
     ReplayPhase,
 )
 from agentrun_operator import events, metrics, retention, startup_checks, usage
@@ -278,6 +279,12 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
     @kopf.on.event(GROUP, VERSION, RUN_PLURAL, registry=registry)
     async def run_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         _observe(memo.ctx, memo.ctx.runs, "run", type, body, slim_run)
+        # A runner found the Agent's snapshot cannot be built in its image (a function it
+        # does not ship as a tool): the Agent looks again, and says so (agents.py).
+        status = body.get("status") or {}
+        if status.get("reason") == Reason.AGENT_INVALID and status.get("agentDigest"):
+            memo.ctx.queue.add(("agent", body.metadata.namespace or "",
+                                str((body.get("spec") or {}).get("agent") or "")))
         # A schedule's run changed: its schedule looks again (Forbid, Replace, history).
         schedule = index_run(memo.ctx, body, type == "DELETED")
         if schedule:

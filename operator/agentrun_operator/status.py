@@ -181,6 +181,8 @@ NOT_RETRIED = frozenset({
     Reason.AGENT_NOT_FOUND, Reason.AGENT_INVALID,
     # The resumed attempt would open the same call under the same arguments again.
     Reason.APPROVAL_MISMATCH,
+    # The run's spec.tools loosens what the Agent or the image declares: it always will.
+    Reason.POLICY_VIOLATION,
 })
 
 

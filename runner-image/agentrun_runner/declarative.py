@@ -1,7 +1,8 @@
 """The ADK agent of an Agent snapshot (agentrun.agents), built with ADK's own classes.
 
 Each Agent of the snapshot is an `LlmAgent` (its model, description, instruction, output
-schema), its tools ADK's built-ins, functions importable in the runner image, and one
+schema), its tools ADK's built-ins, the tool functions the runner image's agents directory
+ships (resolve_function), and one
 `McpToolset` per MCP server over streamable HTTP; its sub-agents are the snapshot's. It is
 built from the snapshot the run pinned at launch, never from an Agent as it is now.
 
@@ -25,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
+import importlib.util
+import inspect
 import os
 import ssl
 import sys
@@ -35,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from agentrun import agents
+from agentrun import agents, effects
 from agentrun.vocabulary import HEADER_IDEMPOTENCY_KEY
 from agentrun_runner import ledger
 
@@ -152,20 +155,54 @@ def direct_client(headers: dict[str, str] | None = None, timeout: Any = None,
                              timeout=timeout or httpx.Timeout(CONNECT_SECONDS, read=READ_SECONDS))
 
 
-def _function(path: str, agents_dir: Path) -> Any:
-    """A tool function of the runner image: module.name, from its Python environment or
-    the agents directory (the image's own code, which image agents load from too)."""
+def _within(path: str | None, agents_dir: Path) -> bool:
+    return path is not None and Path(path).resolve().is_relative_to(agents_dir.resolve())
+
+
+def resolve_function(path: str, agents_dir: Path) -> Any:
+    """A tool function of the runner image: `module.name`, where the module is a file of
+    the agents directory (the image's own code) and the function is defined in it and
+    marked by one of agentrun.effects' decorators. Nothing else resolves: an Agent's
+    author names tools the platform ships, never any importable callable (os.getenv,
+    subprocess.getoutput, builtins.exec, a function the module merely imported).
+
+    Only the agents directory's own modules are imported: where a module would come from
+    is looked up first, and a name the image's Python environment (the standard library,
+    site-packages) answers is refused before anything is imported."""
     module_name, _, attribute = path.rpartition(".")
+    parts = module_name.split(".")
+    refused = (f"the function {path} is not a tool of the runner image: an Agent's "
+               "function tool must be defined in a module of the image's agents directory "
+               f"({agents_dir}) and marked with one of agentrun.effects' decorators "
+               "(@tool, @read_only, @idempotent, @effectful, @requires_approval)")
+    base = agents_dir.joinpath(*parts)
+    if not module_name or not (base.with_suffix(".py").is_file()
+                               or (base / "__init__.py").is_file()):
+        raise AgentInvalid(f"{refused}; there is no module {module_name} there")
+    loaded = sys.modules.get(parts[0])
+    if loaded is not None and not _within(getattr(loaded, "__file__", None), agents_dir):
+        raise AgentInvalid(f"{refused}; {parts[0]} is a module of the image's Python "
+                           "environment, not of its agents directory")
     if str(agents_dir) not in sys.path:
         sys.path.append(str(agents_dir))
+    if loaded is None:
+        found_spec = importlib.util.find_spec(parts[0])
+        if found_spec is None or not _within(found_spec.origin, agents_dir):
+            raise AgentInvalid(f"{refused}; {parts[0]} is a module of the image's Python "
+                               "environment, not of its agents directory")
     try:
-        found = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as e:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
         raise AgentInvalid(f"the function {path} cannot be imported in the runner image "
-                           f"({type(e).__name__}: {e}); install it in the image, or name "
+                           f"({type(e).__name__}: {e}); fix the module, or name "
                            "another") from e
-    if not callable(found):
-        raise AgentInvalid(f"{path} in the runner image is not a function")
+    if not _within(getattr(module, "__file__", None), agents_dir):
+        raise AgentInvalid(f"{refused}; {module_name} is not a module of the agents directory")
+    found = getattr(module, attribute, None)
+    if not inspect.isfunction(found) or getattr(found, "__module__", None) != module_name:
+        raise AgentInvalid(f"{refused}; {module_name} defines no function {attribute}")
+    if not effects.is_tool(found):
+        raise AgentInvalid(f"{refused}; {path} is not marked as a tool")
     return found
 
 
@@ -206,7 +243,7 @@ def build(snapshot: Mapping[str, Any], environ: Mapping[str, str], agents_dir: P
         tools: list[Any] = []
         for tool in spec.get("tools") or []:
             tools.append(builtin_tool(tool["builtin"]) if tool.get("builtin")
-                         else _function(str(tool["function"]), agents_dir))
+                         else resolve_function(str(tool["function"]), agents_dir))
         for server in spec.get("mcpServers") or []:
             only = tuple(str(t) for t in server.get("toolFilter") or [])
             toolset = McpToolset(

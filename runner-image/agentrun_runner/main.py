@@ -24,7 +24,7 @@ from typing import Any
 
 from google.genai import types
 
-from agentrun import effects
+from agentrun import effects, policy
 from agentrun.vocabulary import (
     DEFAULT_USER_ID,
     SCRIPTED_MODEL,
@@ -373,6 +373,19 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
         )
         await _report(client, failure)
         return _refuse(failure.code, "agent.load_failed", failure.message)
+    # A run only tightens (agentrun.policy): checked here, where the image's code is known,
+    # before the first model call; nothing has run, so toolsExecuted is [].
+    loosened = policy.first_violation([
+        code_declarations(root_agent), policy.of_rules(policy.AGENT, loaded.effects),
+        run_declarations(config)])
+    if loosened is not None:
+        failure = Failure(RunnerExit.POLICY_VIOLATION, Reason.POLICY_VIOLATION,
+                          f"Run of {config.agent}: {loosened.message}")
+        if loaded.built is not None:
+            for server in loaded.built.servers:
+                await server.toolset.close()
+        await _report(client, failure)
+        return _refuse(failure.code, "policy.violation", failure.message)
     # An Agent's rules under the run's own spec.tools, tool by tool.
     tool_effects = {**_tool_effects(json.dumps(loaded.rules)), **config.tool_effects}
     tool_approvals = {**_tool_approvals(json.dumps(loaded.rules)), **config.tool_approvals}
@@ -498,11 +511,51 @@ class NotLoaded(Exception):
 @dataclass
 class Loaded:
     """The agent of the attempt: its root, and for an Agent snapshot what was built from
-    it (its MCP servers) and its effect and approval rules (agentrun.agents.tool_rules)."""
+    it (its MCP servers), its effect and approval rules (agentrun.agents.tool_rules) and
+    the Agents' own spec.effects among them (for agentrun.policy)."""
 
     root: Any
     built: Any = None
     rules: list[dict[str, Any]] = field(default_factory=list)
+    effects: list[Any] = field(default_factory=list)
+
+
+def code_declarations(root: Any) -> dict[str, policy.Declared]:
+    """What the image's code declares of each function tool of the agent tree: its
+    effect (@read_only, @idempotent, @effectful) and whether its calls wait for an
+    approval (@requires_approval, ADK's require_confirmation, which a callable makes
+    conditional: no less trusted source may lift it either)."""
+    from google.adk.tools.base_tool import BaseTool
+    from google.adk.tools.function_tool import FunctionTool
+
+    found: dict[str, policy.Declared] = {}
+    pending = [root]
+    while pending:
+        agent = pending.pop()
+        pending.extend(getattr(agent, "sub_agents", None) or [])
+        for tool in getattr(agent, "tools", None) or []:
+            if isinstance(tool, BaseTool):
+                name = tool.name
+                confirm = bool(getattr(tool, "_require_confirmation", False)) if isinstance(
+                    tool, FunctionTool) else False
+            elif callable(tool) and hasattr(tool, "__name__"):
+                name, confirm = tool.__name__, False  # ADK names a FunctionTool so
+            else:
+                continue  # a toolset (MCP): its servers' hints are not the image's code
+            approval = True if confirm or effects.declares_approval(tool) else None
+            declared = policy.Declared(policy.CODE, effects.declared_effect(tool), approval)
+            if declared.effect is not None or declared.approval is not None:
+                found[name] = declared
+    return found
+
+
+def run_declarations(config: RunnerConfig) -> dict[str, policy.Declared]:
+    """The run's spec.tools, as agentrun.policy reads them."""
+    names = set(config.tool_effects) | set(config.tool_approvals)
+    return {name: policy.Declared(
+        policy.RUN, config.tool_effects.get(name),
+        config.tool_approvals[name].required if name in config.tool_approvals else None)
+        for name in names}
 
 
 async def _load(config: RunnerConfig, client: StoreClient) -> Loaded:
@@ -538,7 +591,7 @@ async def _load(config: RunnerConfig, client: StoreClient) -> Loaded:
             "called."))) from e
     logs.info("agent.built", digest=pinned.get("digest"), agents=len(snapshot.get(
         "agents") or {}), mcp_servers=len(built.servers))
-    return Loaded(built.root, built, agents.tool_rules(snapshot))
+    return Loaded(built.root, built, agents.tool_rules(snapshot), policy.agent_rules(snapshot))
 
 
 def structured(agent: Any, answer: str) -> Any:

@@ -69,3 +69,26 @@ def test_a_definition_that_cannot_run_is_refused(crds: Kubectl, namespace: str,
                                                  spec: dict[str, Any], name: str,
                                                  said: str) -> None:
     assert said in refused(apply(crds, namespace, agent(name, **spec)))
+
+
+STDLIB_REFUSED = ("spec.tools[].function names a module of Python's standard library: a "
+                  "function tool is one the runner image's agents directory defines and "
+                  "marks as a tool (docs/agents.md)")
+
+
+@pytest.mark.parametrize("function", ["subprocess.getoutput", "os.getenv", "builtins.exec",
+                                      "os.path.join", "_posixsubprocess.fork_exec"])
+def test_a_function_of_the_standard_library_is_refused_at_admission(
+        crds: Kubectl, namespace: str, function: str) -> None:
+    said = refused(apply(crds, namespace, agent(tools=[{"function": "sample_tools.ok"},
+                                                       {"function": function}])))
+    assert "spec.tools[1].function" in said and STDLIB_REFUSED in said, said
+
+
+def test_a_module_named_like_the_standard_library_only_in_part_is_stored(
+        crds: Kubectl, namespace: str) -> None:
+    # The rule is on the top-level module: these merely begin or end like one.
+    tools = [{"function": "os_tools.getenv"}, {"function": "my.os.getenv"},
+             {"function": "subprocesses.run"}]
+    apply(crds, namespace, agent(tools=tools), check=True)
+    assert stored(crds, namespace, "agent/triage")["spec"]["tools"] == tools

@@ -389,3 +389,67 @@ def test_no_tenant_text_expands_into_an_agents_secret(
     assert seen["AGENTRUN_USER_ID"] == header
     # spec.env still composes from the operator's variables before it.
     assert seen["NAMESPACE_SEEN"] == namespace
+
+
+def test_an_agent_naming_a_function_the_image_does_not_mark_is_invalid_and_runs_nothing(
+        system: System, namespace: str, crm: CrmServer) -> None:
+    # sample_tools.order_of is a function of the image, but no tool: it carries no marker.
+    system.apply(in_namespace(triage(crm.url, tools=[{"function": "sample_tools.order_of"}]),
+                              namespace))
+    ready(system, namespace, "triage")  # the operator cannot see the image's code
+    system.apply(in_namespace(agent_run("unmarked", [
+        {"call": "order_of", "args": {"order": "42"}}, {"text": "never"}], agent="triage"),
+        namespace))
+    status = settled(system, namespace, "unmarked")
+    assert (status["phase"], status["reason"]) == (Phase.FAILED, Reason.AGENT_INVALID)
+    assert "the function sample_tools.order_of is not a tool of the runner image" in \
+        status["message"]
+    assert status["toolsExecuted"] == [] and crm.calls() == []
+    # The runner's word reaches the Agent: Ready False, naming the function.
+    invalid = ready(system, namespace, "triage", AgentReason.INVALID)
+    message = conditions(invalid)[Condition.READY]["message"]
+    assert "sample_tools.order_of is not marked as a tool" in message, message
+    assert invalid["status"]["digest"] == status["agentDigest"]
+
+
+def test_a_run_that_lifts_the_agents_approval_is_refused_before_any_pod(
+        system: System, namespace: str, crm: CrmServer) -> None:
+    system.apply(in_namespace(triage(crm.url, effects=[
+        {"name": "close_account", "approval": "Required"},
+        {"name": "update_ticket", "effect": "Idempotent"}]), namespace))
+    ready(system, namespace, "triage")
+    for name, tools, said in [
+            ("lifts", [{"name": "close_account", "approval": "None"}],
+             "the run's spec.tools says approval None for the tool close_account, which the "
+             "Agent's effects declares stricter"),
+            ("loosens", [{"name": "update_ticket", "effect": "ReadOnly"}],
+             "the run's spec.tools says ReadOnly (where it says Idempotent) for the tool "
+             "update_ticket, which the Agent's effects declares stricter")]:
+        system.apply(in_namespace(agent_run(name, [
+            {"call": tools[0]["name"], "args": {"customer": "43"}}, {"text": "never"}],
+            agent="triage", tools=tools), namespace))
+        status = settled(system, namespace, name)
+        assert (status["phase"], status["reason"]) == (Phase.FAILED, Reason.POLICY_VIOLATION)
+        assert said in status["message"] and "No pod was started" in status["message"]
+        assert status["toolsExecuted"] == [] and pods_of(system, namespace, name) == []
+    assert crm.calls() == []
+
+
+@pytest.mark.parametrize(("tools", "said"), [
+    ([{"name": "issue_refund", "approval": "None"}],
+     "says approval None for the tool issue_refund, which the runner image's code"),
+    ([{"name": "charge_card", "effect": "ReadOnly"}],
+     "says ReadOnly (where it says Effectful) for the tool charge_card, which the runner "
+     "image's code"),
+], ids=["require_confirmation lifted", "an effect made less strict"])
+def test_a_run_that_loosens_the_images_code_fails_before_any_tool(
+        system: System, namespace: str, tools: list[dict[str, str]], said: str) -> None:
+    name = "loosens-code"
+    system.apply(in_namespace(agent_run(name, [
+        {"call": tools[0]["name"], "args": {"customer": "42", "amount": 30}},
+        {"text": "never"}], tools=tools), namespace))
+    status = settled(system, namespace, name)
+    assert (status["phase"], status["reason"]) == (Phase.FAILED, Reason.POLICY_VIOLATION)
+    assert said in status["message"], status["message"]
+    assert status["toolsExecuted"] == []
+    assert system.store(lambda e: store.outbox(e, name)) == []

@@ -138,7 +138,7 @@ def _unbuildable(url: str, case: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("case", "said"), [
     ("a function the image lacks",
-     "the function no_such_module.lookup cannot be imported in the runner image"),
+     "the function no_such_module.lookup is not a tool of the runner image"),
     ("a tool filter naming what the server does not serve",
      "names refund_order in toolFilter, which the server does not offer"),
 ])

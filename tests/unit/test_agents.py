@@ -5,9 +5,13 @@ the runner take from it. Each row reads like docs/agents.md."""
 from __future__ import annotations
 
 import datetime
+import re
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from agentrun_operator.agents import agent_status
 
 from agentrun import agents, effects
@@ -228,3 +232,49 @@ def test_an_mcp_call_carries_the_key_of_the_call_the_ledger_lets_run() -> None:
         assert call_key_header(None) == {"Idempotency-Key": "agentrun-abc"}  # type: ignore[arg-type]
     finally:
         CALL_KEY.reset(token)
+
+
+def _cel_function_modules() -> set[str]:
+    """The module names the Agent CRD's CEL rule on spec.tools[].function refuses."""
+    crd = yaml.safe_load((Path(__file__).resolve().parents[2] / "crds" /
+                          "agentrun.dev_agents.yaml").read_text())
+    function = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "properties"]["tools"]["items"]["properties"]["function"]
+    (rule,) = [v["rule"] for v in function["x-kubernetes-validations"]]
+    assert rule.replace(" ", "").replace("\n", "").startswith("!(self.split('.')[0]in[")
+    return set(re.findall(r"'([A-Za-z_][A-Za-z0-9_]*)'", rule))
+
+
+def test_the_crd_refuses_the_standard_library_of_python_3_11() -> None:
+    assert _cel_function_modules() == set(agents.STDLIB_MODULES)
+    assert {"builtins", "os", "subprocess", "_posixsubprocess"} <= agents.STDLIB_MODULES
+    if sys.version_info[:2] == (3, 11):
+        assert set(agents.STDLIB_MODULES) == set(sys.stdlib_module_names)
+
+
+@pytest.mark.parametrize("function", ["subprocess.getoutput", "os.getenv", "builtins.exec",
+                                      "os.path.join", "_posixsubprocess.fork_exec"])
+def test_a_standard_library_function_is_no_tool(function: str) -> None:
+    found = agents.problems_of("triage", {"tools": [{"function": function}]})
+    assert found == [f"tools[0] names the function {function}, of Python's standard "
+                     "library: a function tool is one the runner image's agents directory "
+                     "defines and marks as a tool (docs/agents.md)"]
+    resolution = agents.resolve("triage", {"triage": {"tools": [{"function": function}]}}, "ns")
+    assert resolution.problem is not None and function in resolution.problem
+    assert agents.problems_of("triage", {"tools": [{"function": "sample_tools.lookup"}]}) == []
+
+
+def test_an_agent_the_runner_image_refused_is_not_ready() -> None:
+    resolution = agents.resolve("triage", {"triage": TRIAGE, "billing": BILLING}, NS)
+    said = ("Agent triage cannot be built in this runner: the function my_tools.refund is "
+            "not a tool of the runner image. No tool was called.")
+    status = agent_status(resolution, [], generation=3, now=NOW, previous={}, refused=said)
+    assert _conditions(status)[Condition.READY] == ("False", AgentReason.INVALID)
+    assert _conditions(status)[Condition.STALLED] == ("True", AgentReason.INVALID)
+    message = status["conditions"][0]["message"]
+    assert said in message and "my_tools.refund" in message
+    assert status["digest"] == resolution.digest  # the snapshot the refusal is of
+    # A missing Secret says what to do first only when the image has not refused it.
+    missing = agent_status(resolution, ["Secret crm has no key token"], generation=3,
+                           now=NOW, previous={}, refused=said)
+    assert _conditions(missing)[Condition.READY] == ("False", AgentReason.INVALID)

@@ -51,12 +51,14 @@ async def send_email(to: str, body: str, tool_context: ToolContext,
     return {"status": "sent", "to": to}
 
 
+@effects.effectful
 async def update_crm(customer: str, status: str) -> dict:
     """Sets a customer's status in the CRM."""
     await _act("update_crm", {"customer": customer, "status": status})
     return {"status": "updated", "customer": customer}
 
 
+@effects.effectful
 async def charge_card(customer: str, amount: float, delay_seconds: float = 0) -> dict:
     """Charges a customer's card (Effectful: twice is twice). The charge is recorded at
     once; the tool answers after `delay_seconds`."""
@@ -67,6 +69,7 @@ async def charge_card(customer: str, amount: float, delay_seconds: float = 0) ->
     return {"status": "charged", "customer": customer, "amount": amount}
 
 
+@effects.effectful
 async def issue_refund(customer: str, amount: float) -> dict:
     """Refunds a customer (Effectful). Declared with ADK's own require_confirmation, so
     each call waits for a human's decision (an AgentRunApproval) before it runs."""

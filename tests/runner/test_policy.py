@@ -1,0 +1,190 @@
+"""The runner, which alone sees the image's code, refuses what a tenant may not do to a
+tool: name a function the image does not ship as a tool (AgentInvalid), or loosen an
+effect or approval the Agent or the code declares (PolicyViolation). Either way before the
+first model call: nothing runs, the MCP server sees no call, toolsExecuted is []."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrun import store
+from agentrun.vocabulary import Reason, RunnerExit
+from tests.mcp_server import CrmServer, crm_server
+from tests.runner.conftest import Run, prepare_run, query, run_runner
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def crm(tmp_path: Path) -> Iterator[CrmServer]:
+    with crm_server(tmp_path) as server:
+        yield server
+
+
+def snapshot_of(url: str, **spec: Any) -> dict[str, Any]:
+    return {"root": "triage", "agents": {"triage": {
+        "instruction": "Look the customer up before you answer.",
+        "mcpServers": [{"name": "crm", "url": url}], **spec}}}
+
+
+def explain(done: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {done.returncode}\nstderr:\n{done.stderr[-4000:]}"
+
+
+def outcome(run: Run) -> store.Outcome | None:
+    return query(run.url, lambda e: store.get_outcome(e, run.uid, 1))
+
+
+def nothing_ran(run: Run) -> None:
+    assert query(run.url, lambda e: store.tools_executed(e, run.uid, 1)) == []
+    assert query(run.url, lambda e: store.ledger(e, run.uid)) == []
+    assert query(run.url, lambda e: store.outbox(e, run.name)) == []
+
+
+# -- function tools ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def image(tmp_path: Path) -> tuple[Path, Path]:
+    """An agents directory with a module whose unmarked function would leave a marker."""
+    marker = tmp_path / "marker"
+    agents_dir = tmp_path / "agents"
+    agents_dir.mkdir()
+    (agents_dir / "tenant_side.py").write_text(
+        f"def grab(cmd: str) -> str:\n    open({str(marker)!r}, 'w').write(cmd)\n"
+        "    return cmd\n")
+    return agents_dir, marker
+
+
+@pytest.mark.parametrize(("function", "said"), [
+    ("tenant_side.grab", "tenant_side.grab is not marked as a tool"),
+    ("subprocess.getoutput", "names the function subprocess.getoutput, of Python's standard"),
+    ("os.getenv", "names the function os.getenv, of Python's standard library"),
+    ("builtins.exec", "names the function builtins.exec, of Python's standard library"),
+])
+def test_a_function_the_image_does_not_ship_as_a_tool_never_runs(
+        pg_store: str, crm: CrmServer, image: tuple[Path, Path], function: str,
+        said: str) -> None:
+    agents_dir, marker = image
+    run = prepare_run(pg_store, "fn-refused", agent="triage", agent_snapshot=snapshot_of(
+        crm.url, tools=[{"function": function}]))
+    name = function.rpartition(".")[2]
+    done = run_runner(run, [{"call": name, "args": {"cmd": f"touch {marker}"}},
+                            {"text": "never"}], AGENTRUN_AGENTS_DIR=str(agents_dir))
+    assert done.returncode == RunnerExit.AGENT_INVALID, explain(done)
+    got = outcome(run)
+    assert got is not None and got.reason == Reason.AGENT_INVALID
+    assert function in str(got.message) and said in str(got.message), got.message
+    assert not marker.exists()
+    assert crm.calls() == []
+    nothing_ran(run)
+
+
+# -- a run only tightens ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("effects", "tools", "said"), [
+    ([{"name": "close_account", "approval": "Required"}],
+     [{"name": "close_account", "approval": "None"}],
+     "the run's spec.tools says approval None for the tool close_account, which the "
+     "Agent's effects declares stricter"),
+    ([{"name": "close_account", "effect": "Idempotent"}],
+     [{"name": "close_account", "effect": "ReadOnly"}],
+     "the run's spec.tools says ReadOnly (where it says Idempotent) for the tool "
+     "close_account, which the Agent's effects declares stricter"),
+])
+def test_a_run_that_loosens_the_agent_fails_policy_violation(
+        pg_store: str, crm: CrmServer, effects: list[dict[str, str]],
+        tools: list[dict[str, str]], said: str) -> None:
+    run = prepare_run(pg_store, "loosen-agent", agent="triage",
+                      agent_snapshot=snapshot_of(crm.url, effects=effects))
+    done = run_runner(run, [{"call": "close_account", "args": {"customer": "43"}},
+                            {"text": "never"}], AGENTRUN_TOOLS=json.dumps(tools))
+    assert done.returncode == RunnerExit.POLICY_VIOLATION, explain(done)
+    got = outcome(run)
+    assert got is not None and got.reason == Reason.POLICY_VIOLATION
+    assert said in str(got.message), got.message
+    assert crm.calls() == []
+    nothing_ran(run)
+
+
+@pytest.mark.parametrize(("tools", "said"), [
+    # ADK's FunctionTool(issue_refund, require_confirmation=True) in the image's code.
+    ([{"name": "issue_refund", "approval": "None"}],
+     "the run's spec.tools says approval None for the tool issue_refund, which the runner "
+     "image's code declares stricter"),
+    # @effects.effectful in the image's code.
+    ([{"name": "charge_card", "effect": "ReadOnly"}],
+     "the run's spec.tools says ReadOnly (where it says Effectful) for the tool "
+     "charge_card, which the runner image's code declares stricter"),
+    # @effects.idempotent in the image's code.
+    ([{"name": "send_email", "effect": "ReadOnly"}],
+     "the run's spec.tools says ReadOnly (where it says Idempotent) for the tool "
+     "send_email"),
+])
+def test_a_run_that_loosens_the_images_code_fails_policy_violation(
+        pg_store: str, tools: list[dict[str, str]], said: str) -> None:
+    run = prepare_run(pg_store, "loosen-code")
+    tool = tools[0]["name"]
+    done = run_runner(run, [{"call": tool, "args": {"customer": "42", "amount": 30}},
+                            {"text": "never"}], AGENTRUN_TOOLS=json.dumps(tools))
+    assert done.returncode == RunnerExit.POLICY_VIOLATION, explain(done)
+    got = outcome(run)
+    assert got is not None and got.reason == Reason.POLICY_VIOLATION
+    assert said in str(got.message), got.message
+    nothing_ran(run)
+
+
+def test_a_run_and_an_agent_may_tighten_the_images_code(
+        pg_store: str, crm: CrmServer) -> None:
+    # The image's sample_tools.refund_policy is @read_only: the Agent may call it stricter
+    # (below, it runs), never less strict; its approval the Agent may add.
+    run = prepare_run(pg_store, "tighten-code", agent="triage", agent_snapshot=snapshot_of(
+        crm.url, tools=[{"function": "sample_tools.refund_policy"}],
+        effects=[{"name": "refund_policy", "effect": "Idempotent"}]))
+    done = run_runner(run, [{"call": "refund_policy", "args": {"order": "42"}},
+                            {"text": "Done."}],
+                      AGENTRUN_TOOLS=json.dumps([{"name": "refund_policy",
+                                                  "effect": "Effectful"}]))
+    assert done.returncode == RunnerExit.SUCCESS, explain(done)
+    (entry,) = query(run.url, lambda e: store.ledger(e, run.uid))
+    assert (entry.tool, entry.effect) == ("refund_policy", "Effectful")
+
+
+@pytest.mark.parametrize(("effects", "said"), [
+    ([{"name": "send", "effect": "ReadOnly"}],
+     "the Agent's effects says ReadOnly (where it says Idempotent) for the tool send, which "
+     "the runner image's code declares stricter"),
+    ([{"name": "wire", "approval": "None"}],
+     "the Agent's effects says approval None for the tool wire, which the runner image's "
+     "code declares stricter"),
+])
+def test_an_agent_that_loosens_the_images_code_fails_policy_violation(
+        pg_store: str, crm: CrmServer, tmp_path: Path, effects: list[dict[str, str]],
+        said: str) -> None:
+    marker = tmp_path / "marker"
+    agents_dir = tmp_path / "agents"
+    agents_dir.mkdir()
+    (agents_dir / "platform_tools.py").write_text(
+        "from agentrun import effects\n\n"
+        f"@effects.idempotent\ndef send(to: str) -> str:\n"
+        f"    open({str(marker)!r}, 'w').write(to)\n    return to\n\n"
+        f"@effects.requires_approval\ndef wire(to: str) -> str:\n"
+        f"    open({str(marker)!r}, 'w').write(to)\n    return to\n")
+    run = prepare_run(pg_store, "agent-loosens", agent="triage", agent_snapshot=snapshot_of(
+        crm.url, effects=effects, tools=[{"function": "platform_tools.send"},
+                                         {"function": "platform_tools.wire"}]))
+    done = run_runner(run, [{"call": effects[0]["name"], "args": {"to": "x"}},
+                            {"text": "never"}], AGENTRUN_AGENTS_DIR=str(agents_dir))
+    assert done.returncode == RunnerExit.POLICY_VIOLATION, explain(done)
+    got = outcome(run)
+    assert got is not None and got.reason == Reason.POLICY_VIOLATION
+    assert said in str(got.message), got.message
+    assert not marker.exists()
+    nothing_ran(run)
