@@ -10,17 +10,23 @@ with agentrun's CRDs, two namespaces (two tenants) and a real `agentrun-store-ap
 process; runner identities are real (an AgentRun, its attempt's pod, a token bound to it
 by TokenRequest: tests/store_api.py). Then:
 
-1. idle: tenant B's runner writes `--writes` ledger rows (open_call + close_call through
-   StoreClient, as a runner's ledger does), one after the other with `--pause` seconds
-   between them (a runner does something between two tool calls), after `--warmup`;
+1. idle, before: tenant B's runner writes `--writes` ledger rows (open_call + close_call
+   through StoreClient, as a runner's ledger does), one after the other with `--pause`
+   seconds between them (a runner does something between two tool calls), after
+   `--warmup`;
 2. flood: tenant A's runner (another process, `--connections` connections at once) sends
    what one runner could: 10,000 session events (its quota is 4,000: the rest are
    refused), and among them 16 MiB bodies where a ledger row belongs and 300,000-word
-   memory queries (one of each per 100 requests); B writes ledger rows all along, at least
-   `--writes`, and every one it writes while A floods counts (B moves to a new run of its
-   tenant before one attempt's 2,000 rows are used up).
+   memory queries (one of each per 100 requests). B starts once the flooder says its
+   first request was answered (the flood is under way, not assumed to be after a sleep),
+   writes ledger rows all along, at least `--writes`, and every one it writes while A
+   floods counts (B moves to a new run of its tenant before one attempt's 2,000 rows are
+   used up);
+3. idle, after: the same as 1 once the flooder has exited, so that the anchor is the
+   idle store API on both sides of the flood (the machine's load drifts).
 
-It prints B's p50/p95/p99 both ways and their ratio (the goal: p99 within 2x), and what
+It prints B's p50/p95/p99 idle before, idle after, their pooled figure (the anchor) and
+the flood's, with the flood's ratio to the anchor (the goal: p99 within 2x), and what
 A's requests got. A figure, not an assertion: tests/runner/test_store_api_limits.py checks
 the refusals themselves. The output goes to stdout and to `--out` (default
 bench/results/store-flood-<date>.txt; `--out -` for stdout only).
@@ -108,7 +114,7 @@ def flood(url: str, token_file: Path, session: str, connections: int, ca: Path) 
     auth = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     big = b"x" * (16 * MiB)
     query = json.dumps({"query": " ".join(f"w{i}" for i in range(300_000))}).encode()
-    made = events(EVENTS + EVENTS // 49)
+    made = events(EVENTS + EVENTS // 49 + 1)  # the last one is the first sent, alone
     stamps: dict[str, float] = {}
     got: Counter[str] = Counter()
     lock = threading.Lock()
@@ -132,9 +138,20 @@ def flood(url: str, token_file: Path, session: str, connections: int, ca: Path) 
                 if what == "event" and code == "429" and "quota spent at" not in stamps:
                     stamps["quota spent at"] = time.time()
 
+    def first(client: httpx.Client) -> None:
+        # One request answered, then the word to the bench that the flood is under way.
+        try:
+            code = str(client.post(f"/v1/sessions/{session}/events", content=made[-1],
+                                   headers=auth).status_code)
+        except httpx.HTTPError as e:
+            code = type(e).__name__
+        got[f"event {code}"] += 1
+        print(json.dumps({"flooding": time.time()}), flush=True)
+
     with httpx.Client(base_url=url, timeout=60, verify=ssl.create_default_context(cafile=ca),
                       limits=httpx.Limits(max_connections=connections)) as client, \
             ThreadPoolExecutor(connections) as pool:
+        first(client)
         for f in [pool.submit(one, client) for _ in range(connections)]:
             f.result()
     print(json.dumps({"got": dict(got), **stamps}), flush=True)
@@ -265,7 +282,11 @@ def main() -> int:
                  "--flooder", api.url, str(flooder_token), flooder_session, str(tls.ca)],
                 stdout=subprocess.PIPE, text=True)
             try:
-                time.sleep(2)  # the flood under way (the flooder's imports take a moment)
+                # The flood under way: the flooder's first request has been answered (its
+                # imports and the events it makes first take a few seconds).
+                sign = flooder.stdout.readline() if flooder.stdout else ""
+                if "flooding" not in sign:
+                    raise RuntimeError(f"the flooder did not start: {sign!r}")
                 started = time.monotonic()
                 flooded = asyncio.run(ledger_writes(
                     api.url, writers, args.writes, args.warmup, args.pause,
@@ -277,18 +298,28 @@ def main() -> int:
                     flooder.kill()
             told = json.loads(report.strip().splitlines()[-1]) if report.strip() else {}
             got, spent = told.get("got", {}), told.get("quota spent at")
+            after = asyncio.run(ledger_writes(api.url, writers, args.writes, args.warmup,
+                                              args.pause, ca=tls.ca.read_text()))
 
             say(f"\nTenant B's ledger write (open_call + close_call through StoreClient; in "
                 f"brackets the ratio to idle): "
                 f"{len(idle)} idle, then {len(flooded)} while tenant A floods with "
-                f"{args.connections} connections, each after {args.warmup} warm-up")
+                f"{args.connections} connections, then {len(after)} idle again, each after "
+                f"{args.warmup} warm-up; the anchor is both idle runs pooled")
             say("| | p50 | p95 | p99 |\n|---|---|---|---|")
-            a, b = percentiles([s for _, s in idle]), percentiles([s for _, s in flooded])
-            say("| idle store API (anchor) | " + " | ".join(
+            a = percentiles([s for _, s in idle + after])
+            b = percentiles([s for _, s in flooded])
+            for label, part in (("idle, before the flood", idle),
+                                ("idle, after the flood", after)):
+                c = percentiles([s for _, s in part])
+                say(f"| {label} | " + " | ".join(
+                    f"{c[k] * 1000:.2f} ms ({c[k] / a[k]:.2f})"
+                    for k in ("p50", "p95", "p99")) + " |")
+            say("| idle, pooled (anchor) | " + " | ".join(
                 f"{a[k] * 1000:.2f} ms" for k in ("p50", "p95", "p99")) + " |")
             say("| during the flood | " + " | ".join(
                 f"{b[k] * 1000:.2f} ms" for k in ("p50", "p95", "p99")) + " |")
-            say("| ratio flood / idle | " + " | ".join(
+            say("| ratio flood / anchor | " + " | ".join(
                 f"{b[k] / a[k]:.2f}" for k in ("p50", "p95", "p99")) + " |")
             if spent is not None:
                 for label, part in (

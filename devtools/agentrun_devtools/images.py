@@ -37,7 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# Where the host keeps its CA bundle (read here), and where Debian's tools inside a RUN
+# step look for one (mounted there): the same path on a Debian host.
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+IMAGE_CA = "/etc/ssl/certs/ca-certificates.crt"
 BASE_NAME = "localhost/agentrun/debian-base:bookworm"
 # Bump when the way an image is made changes in a way its inputs do not show.
 RECIPE = "1"
@@ -370,14 +373,17 @@ def build_image(buildah: Buildah, cache: Path, image: Image, base: str) -> Path:
     for arg, value in image.build_args:
         argv += ["--build-arg", f"{arg}={value}"]
     if HOST_CA.exists():
-        argv += ["-v", f"{HOST_CA}:{HOST_CA}:ro"]
+        argv += ["-v", f"{HOST_CA}:{IMAGE_CA}:ro"]
     # Each earlier stage is built and tagged first (the build below finds it in the
     # --layers cache): its result is no image's parent, so untagged it would be pruned
     # with the layers under it, the dependencies' install among them.
     for stage in named_stages(image.dockerfile):
         with step(f"{image.short}: buildah bud --target {stage}"):
             buildah.run(*argv, "--target", stage, "-t", stage_name(image, stage), str(REPO))
-    with step(f"{image.short}: buildah bud {image.dockerfile.relative_to(REPO)}"):
+    # (A Dockerfile outside the repository, as a test's, is shown whole.)
+    shown = image.dockerfile.relative_to(REPO) if image.dockerfile.is_relative_to(REPO) \
+        else image.dockerfile
+    with step(f"{image.short}: buildah bud {shown}"):
         buildah.run(*argv, "--label", f"dev.agentrun.key={key}", "-t", image.name, str(REPO))
     with step(f"{image.short}: export {archive}"), \
             tempfile.TemporaryDirectory(dir=archive.parent) as scratch:

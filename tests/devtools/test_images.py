@@ -8,10 +8,12 @@ reason rather than skipping.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
 import secrets
+import subprocess
 import tarfile
 import time
 from collections.abc import Iterator, Sequence
@@ -21,6 +23,10 @@ import psycopg
 import pytest
 from agentrun_devtools import images
 from agentrun_devtools.processes import free_port
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from tests.loader_vectors import (
     BYPASS,
@@ -278,24 +284,77 @@ def test_postgres_refuses_to_initialise_without_a_password(
     assert list(volume.iterdir()) == []
 
 
-def local_certificates() -> list[str]:
-    """The PEM bodies of the CAs this host adds to Debian's bundle (an intercepting proxy)."""
-    found = []
+def certificates(text: str) -> set[str]:
+    """The base64 bodies of the PEM certificates in `text`, whitespace left out."""
+    return {"".join(body.split()) for body in re.findall(
+        r"-----BEGIN CERTIFICATE-----(.+?)-----END", text, re.S)}
+
+
+def local_certificates() -> set[str]:
+    """The CAs this host adds to Debian's bundle (an intercepting proxy); none on most."""
+    found: set[str] = set()
     for path in Path("/usr/local/share/ca-certificates").glob("*.crt"):
-        found += re.findall(r"-----BEGIN CERTIFICATE-----(.+?)-----END", path.read_text(),
-                            re.S)
+        found |= certificates(path.read_text())
     return found
 
 
 @pytest.mark.parametrize("short", sorted(NAMES))
 def test_the_hosts_ca_bundle_is_not_baked_in(bundles: dict[str, Path], short: str) -> None:
-    local = local_certificates()
-    if not local:
-        pytest.skip("this host adds no CA of its own to tell its bundle from Debian's")
-    bundle = bundles[short] / "rootfs" / "etc" / "ssl" / "certs" / "ca-certificates.crt"
-    assert bundle.exists()
-    text = bundle.read_text()
-    assert not any(body in text for body in local)
+    """Each image's bundle holds Debian's CAs, those its own ca-certificates package ships,
+    and nothing of the host's (mounted into every RUN step, never copied)."""
+    rootfs = bundles[short] / "rootfs"
+    bundle = rootfs / "etc" / "ssl" / "certs" / "ca-certificates.crt"
+    held = certificates(bundle.read_text())
+    shipped: set[str] = set()
+    for path in (rootfs / "usr" / "share" / "ca-certificates").rglob("*.crt"):
+        shipped |= certificates(path.read_text())
+    assert held and held <= shipped, sorted(held - shipped)[:3]
+    assert not held & local_certificates()
+
+
+def planted_ca(directory: Path) -> str:
+    """A CA certificate of no one's (PEM), made for the test."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agentrun test CA, planted")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    pem = cert.public_bytes(serialization.Encoding.PEM).decode()
+    (directory / "planted-ca.crt").write_text(pem)
+    return pem
+
+
+def test_a_planted_host_ca_reaches_the_build_steps_and_stays_out_of_the_image(
+        archives: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On any machine, whether or not its host adds a CA: a CA planted in the host's bundle
+    (the host's bundle and one more) is what a build's RUN step sees, and the image built
+    holds none of it. `archives` has put the Debian base in buildah's storage."""
+    pem = planted_ca(tmp_path)
+    host = tmp_path / "host-ca-certificates.crt"
+    host.write_text((images.HOST_CA.read_text() if images.HOST_CA.exists() else "") + pem)
+    monkeypatch.setattr(images, "HOST_CA", host)
+    [body] = certificates(pem)
+    marker = pem.splitlines()[2]  # a line of the body: grep -F finds it in the bundle
+    assert "".join(marker.split()) in body
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text(
+        "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\n"
+        f"RUN grep -qF '{marker}' {images.IMAGE_CA} && echo seen > /etc/planted-ca-seen\n")
+    probe = images.Image("ca-probe", dockerfile, f"localhost/agentrun/ca-probe-{os.getpid()}:test")
+    buildah = images.choose_buildah(images.cache_root())
+    try:
+        archive = images.build_image(buildah, tmp_path / "cache", probe, images.base_key())
+    finally:
+        subprocess.run(buildah.argv("rmi", "--force", probe.name), capture_output=True)
+    rootfs = images.unpack(archive, tmp_path / "probe") / "rootfs"
+    # The RUN step read the planted CA where Debian's tools look for the bundle...
+    assert (rootfs / "etc" / "planted-ca-seen").read_text() == "seen\n"
+    # ...and the image keeps Debian's bundle, without it.
+    held = certificates((rootfs / "etc" / "ssl" / "certs" / "ca-certificates.crt").read_text())
+    assert held and body not in held
 
 
 def test_storage_over_its_budget_keeps_only_the_tagged_images(tmp_path: Path) -> None:

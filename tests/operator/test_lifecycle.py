@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 from agentrun_devtools.processes import Child, wait_for
 
@@ -185,17 +184,25 @@ def test_node_lost(system: System, namespace: str) -> None:
     system.apply(in_namespace(agent_run("lost", email_then_wait(120)), namespace))
     uid = system.wait_phase(namespace, "lost", Phase.RUNNING)["metadata"]["uid"]
     system.wait_ledger(uid, "send_email")
-    began = time.monotonic()
+    pod = system.get("pod", namespace, "lost-1")
+    assert pod is not None
+    # The runner pod leaves a lost node after the operator's --toleration-seconds (6 s),
+    # not the 300 s the API server would add on its own.
+    assert sorted((t["key"], t.get("effect"), t.get("tolerationSeconds"))
+                  for t in pod["spec"]["tolerations"] if t.get("effect") == "NoExecute") == [
+        ("node.kubernetes.io/not-ready", "NoExecute", 6),
+        ("node.kubernetes.io/unreachable", "NoExecute", 6)]
     system.kubectl("annotate", "node", "dev-node", "dev.agentrun.dev/simulate=lost")
     try:
+        # The check that the short grace is what acts: this wait's 120 s is well below the
+        # 300 s default, so a run left to a 300 s toleration (or grace) times out here. How
+        # long it takes is measured by bench/, not bounded here.
         run = system.wait_phase(namespace, "lost", Phase.FAILED, Phase.SUCCEEDED, timeout=120)
-        took = time.monotonic() - began
     finally:
         system.kubectl("annotate", "node", "dev-node", "dev.agentrun.dev/simulate-")
         wait_node_healthy(system)
     assert run["status"]["reason"] == Reason.NODE_LOST
     assert run["status"]["toolsExecuted"] == ["send_email"]
-    assert took < 120, took
 
 
 def test_back_from_a_power_loss_a_runner_is_not_started_again(

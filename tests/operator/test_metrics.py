@@ -7,6 +7,7 @@ JSON (--log-format json) throughout."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from pathlib import Path
 
@@ -94,6 +95,8 @@ def test_metrics_of_a_success_an_eviction_and_a_replay(
                 assert set(s.labels) - {"le"} == labels, (name, s.labels)
         assert before.value("agentrun_attempts_started_total") == 0
 
+        # Timings are measured by bench/; here only what the clock of this test encloses.
+        began = time.monotonic()
         system.apply(in_namespace(agent_run("counted", HAPPY), ns))
         assert system.wait_phase(ns, "counted", Phase.SUCCEEDED, Phase.FAILED)[
             "status"]["phase"] == Phase.SUCCEEDED
@@ -107,19 +110,22 @@ def test_metrics_of_a_success_an_eviction_and_a_replay(
                            operation="open", code="200") == 3
         assert 1 <= after.value("agentrun_ledger_write_duration_seconds_count",
                                 operation="close", code="200") <= 3
-        for operation in ("open", "close"):
-            assert after.value("agentrun_ledger_write_duration_seconds_bucket",
-                               operation=operation, code="200", le="+Inf") == after.value(
-                "agentrun_ledger_write_duration_seconds_count", operation=operation,
-                code="200")
-            assert 0 < after.value("agentrun_ledger_write_duration_seconds_sum",
-                                   operation=operation, code="200") < 30
+        took = time.monotonic() - began
+        # Each write was timed (a sum of zero is an observation that measured nothing), in
+        # seconds: the writes were all made during this run, so together they took no
+        # longer than the test's own clock saw the run take (milliseconds would not fit).
+        sums = {operation: after.value("agentrun_ledger_write_duration_seconds_sum",
+                                       operation=operation, code="200")
+                for operation in ("open", "close")}
+        assert all(v > 0 for v in sums.values()) and sum(sums.values()) <= took, (sums, took)
 
         system.apply(in_namespace(agent_run("evicted", email_then_wait(60)), ns))
         uid = system.wait_phase(ns, "evicted", Phase.RUNNING)["metadata"]["uid"]
         system.wait_ledger(uid, "send_email")
+        evicting = time.monotonic()
         system.evict(ns, "evicted-1")
         run = system.wait_phase(ns, "evicted", Phase.FAILED, Phase.SUCCEEDED)
+        took = time.monotonic() - evicting
         assert run["status"]["reason"] == Reason.EVICTED, run["status"]
         after = wait_value(port, "agentrun_runs_settled_total", 1, phase=Phase.FAILED,
                            reason=Reason.EVICTED)
@@ -130,9 +136,11 @@ def test_metrics_of_a_success_an_eviction_and_a_replay(
                            code="200") == 4
         assert after.value("agentrun_eviction_to_failed_seconds_count",
                            reason=Reason.EVICTED) == 1
-        # From the DisruptionTarget condition (whole seconds) to the Failed write.
-        assert 0 <= after.value("agentrun_eviction_to_failed_seconds_sum",
-                                reason=Reason.EVICTED) < 30
+        # From the DisruptionTarget condition (whole seconds, so up to 1 s early) to the
+        # Failed write: inside the test's clock from the eviction to seeing Failed, where
+        # one measured from an earlier moment (the pod's creation, its start) is not.
+        measured = after.value("agentrun_eviction_to_failed_seconds_sum", reason=Reason.EVICTED)
+        assert 0 < measured <= took + 1, (measured, took)
 
         create_replay(system, ns, "evicted-again", "evicted")
         replay = wait_decided(system, ns, "evicted-again")
@@ -150,7 +158,9 @@ def test_metrics_of_a_success_an_eviction_and_a_replay(
                            result="ok") > 0
         assert after.value("agentrun_reconcile_duration_seconds_count", kind="replay",
                            result="ok") > 0
-        assert after.value("agentrun_workqueue_depth") >= 0
+        # Nothing left to do: the queue drains back to exactly empty.
+        wait_for(lambda: Scrape(port).value("agentrun_workqueue_depth") == 0, timeout=20,
+                 what="agentrun_workqueue_depth back to 0")
         assert after.value("agentrun_store_errors_total", operation="settle") == 0
     finally:
         operator.stop()

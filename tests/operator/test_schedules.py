@@ -138,7 +138,23 @@ def test_allow_overlaps(system: System, namespace: str) -> None:
     samples = watch(system, namespace, "allow", lambda runs, _: len(live(runs)) >= 2,
                     timeout=60, what="two live runs at once")
     stop(system, namespace, "allow")
-    assert max(len(s) for s in samples) >= 2
+    # The sample in which two were live: runs of two different slots of this schedule.
+    overlapping = sorted(samples[-1])[:2]
+    slots = [slot_of("allow", name) for name in overlapping]
+    assert None not in slots and len(set(slots)) == len(slots), overlapping
+    by_name = {r["metadata"]["name"]: r for r in runs_of(system, namespace, "allow")}
+    for name in overlapping:
+        assert by_name[name]["metadata"]["labels"][LABEL_SCHEDULE] == "allow", name
+        [owner] = by_name[name]["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"]) == (SCHEDULE_KIND, "allow"), name
+    # The store saw them live at once: the later one recorded before the earlier settled.
+    (_, first_end), (second_start, _) = live_intervals(
+        system, [by_name[name] for name in overlapping])
+    assert second_start < first_end, overlapping
+    # The schedule's status lists both as active while they are (each runs about 25 s).
+    wait_for(lambda: set(overlapping) <= set(
+        (schedule_of(system, namespace, "allow").get("status") or {}).get("active") or []),
+        timeout=20, what=f"status.active to list {overlapping}")
     assert schedule_of(system, namespace, "allow")["status"]["skipped"] == 0
 
 

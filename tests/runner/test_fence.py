@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import store
+from agentrun.store import schema
 from agentrun.vocabulary import RunStatus
 from tests.runner.conftest import query
 
@@ -60,27 +62,67 @@ def test_no_call_is_closed_after_settle(any_store: str) -> None:
     query(any_store, go)
 
 
-def test_racing_calls_are_either_counted_or_refused(pg_store: str) -> None:
-    """Many tool calls racing one settle on Postgres: every call that got into the
-    ledger is in the settled toolsExecuted, and every other one was refused."""
+def test_calls_at_the_fence_when_the_settle_comes_are_counted_and_later_ones_refused(
+        pg_store: str) -> None:
+    """Tool calls racing one settle on Postgres, the race held still so that its outcome
+    is known: ten calls have written their ledger rows and wait at the fence (the attempt's
+    row, held by another writer's transaction) when the settle comes and waits behind
+    them. All ten are admitted and counted in toolsExecuted; ten calls after the settle
+    are all refused. Exactly that split: a fence that admitted every call, or refused
+    every call, or counted before the calls in flight had landed, fails it."""
+    in_flight = 10
 
     async def go(e: AsyncEngine) -> None:
         await _attempt(e, "f2")
+        # One connection per call in flight, the settle's, and the one holding the row.
+        wide = store.make_engine(pg_store, pool_size=in_flight + 2, max_overflow=0)
 
         async def call(seq: int) -> bool:
             try:
-                await store.open_call(e, "f2", 1, seq, f"tool{seq}", f"c{seq}",
+                await store.open_call(wide, "f2", 1, seq, f"tool{seq}", f"c{seq}",
                                       store.args_digest({}))
             except store.AttemptSettled:
                 return False
             return True
 
-        calls = [asyncio.create_task(call(i)) for i in range(1, 21)]
-        await asyncio.sleep(0.005)
-        settled = await store.settle_counting(e, "f2", 1, RunStatus.FAILED, "Evicted", "x")
-        admitted = [i + 1 for i, ok in enumerate(await asyncio.gather(*calls)) if ok]
+        async def until_waiting(count: int, what: str) -> None:
+            """Until `count` statements of this database wait for a lock."""
+            deadline = asyncio.get_running_loop().time() + 30
+            while True:
+                async with e.connect() as conn:
+                    waiting = (await conn.execute(text(
+                        "select count(*) from pg_stat_activity where datname = "
+                        "current_database() and wait_event_type = 'Lock'"))).scalar_one()
+                if waiting >= count:
+                    return
+                assert asyncio.get_running_loop().time() < deadline, \
+                    f"{waiting} of {count} statements wait: {what}"
+                await asyncio.sleep(0.02)
+
+        try:
+            async with wide.connect() as holder:
+                # Held as any writer of the attempt holds it (FOR NO KEY UPDATE: an UPDATE
+                # of its status): the calls' share lock, and the settle, wait for it.
+                await holder.execute(
+                    select(schema.attempts.c.status)
+                    .where(schema.attempts.c.run_uid == "f2", schema.attempts.c.attempt == 1)
+                    .with_for_update(key_share=True))
+                calls = [asyncio.create_task(call(seq)) for seq in range(1, in_flight + 1)]
+                await until_waiting(in_flight, "the calls at the fence")
+                settling = asyncio.create_task(store.settle_counting(
+                    wide, "f2", 1, RunStatus.FAILED, "Evicted", "x"))
+                await until_waiting(in_flight + 1, "the calls, then the settle")
+                await holder.commit()
+            settled = await settling
+            admitted = await asyncio.gather(*calls)
+            late = [await call(seq) for seq in range(in_flight + 1, 2 * in_flight + 1)]
+        finally:
+            await wide.dispose()
+        assert admitted == [True] * in_flight
+        assert late == [False] * in_flight
         assert settled.won and settled.tools_executed is not None
-        assert sorted(settled.tools_executed) == sorted(f"tool{i}" for i in admitted)
-        assert sorted(x.seq for x in await store.ledger(e, "f2")) == admitted
+        assert sorted(settled.tools_executed) == sorted(
+            f"tool{seq}" for seq in range(1, in_flight + 1))
+        assert [x.seq for x in await store.ledger(e, "f2")] == list(range(1, in_flight + 1))
 
     query(pg_store, go)
