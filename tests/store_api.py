@@ -159,8 +159,13 @@ class RunnerWorld:
                                      "name": run_name, "uid": run_uid, "controller": True}],
             },
             "spec": {"schedulerName": UNSCHEDULED, "automountServiceAccountToken": False,
+                     "serviceAccountName": "default",
                      "containers": [{"name": "runner", "image": "agentrun/runner:dev"}]},
         }
+        # A pod made in a namespace whose default ServiceAccount is not there yet is left
+        # with none, and a token of "default" is then refused for it ("cannot bind token
+        # ... to pod running with different serviceaccount name"): wait for the account.
+        self._default_account(ns)
         try:
             pod = self.core.create_namespaced_pod(ns, body)
             pod_uid = pod.metadata.uid
@@ -172,6 +177,18 @@ class RunnerWorld:
         path = self.work / f"{ns}-{pod_name}-{next(_names)}.token"
         path.write_text(token)
         return Identity(pod_name, pod_uid, token, path)
+
+    def _default_account(self, namespace: str) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.core.read_namespaced_service_account("default", namespace)
+                return
+            except ApiException as e:
+                # The default ServiceAccount appears shortly after its namespace.
+                if e.status != 404 or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def token(self, namespace: str, pod: str, pod_uid: str, audience: str) -> str:
         """TokenRequest for the namespace's default ServiceAccount, bound to the pod (what

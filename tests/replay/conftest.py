@@ -4,10 +4,12 @@ helpers, and `policies`, which waits until the force-replay admission policy is 
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import json
 import subprocess
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -112,3 +114,14 @@ def policies(crds: ControlPlane) -> ControlPlane:
             return crds
         assert time.monotonic() < deadline, f"force policy not enforced: {done.stderr}"
         time.sleep(0.5)
+
+
+@pytest.fixture
+def the_machines_dev_cluster() -> Iterator[None]:
+    """Held by the tests that type the README's and the demo's commands as a newcomer does
+    (make dev-cluster, make run, make demo): those serve on the fixed addresses a newcomer
+    gets (the store API on 127.0.0.1:8089), so two test processes must not run them at
+    once. A lock on the machine, not on the session: make test runs two sessions."""
+    with open("/tmp/agentrun-tests-dev-cluster.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield

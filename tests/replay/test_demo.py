@@ -19,7 +19,8 @@ def devtools(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_demo_tells_the_story_and_leaves_the_cluster_up(tmp_path: Path) -> None:
+def test_demo_tells_the_story_and_leaves_the_cluster_up(
+        tmp_path: Path, the_machines_dev_cluster: None) -> None:
     state = tmp_path / "state"
     local = REPO / ".local"
     before = sorted(p.name for p in local.iterdir()) if local.exists() else None

@@ -48,7 +48,7 @@ def _copy_repository(to: Path) -> None:
         os.utime(to / name, (installed - 60, installed - 60))
 
 
-def test_the_readme_flow_runs_and_replays(tmp_path: Path) -> None:
+def test_the_readme_flow_runs_and_replays(tmp_path: Path, the_machines_dev_cluster: None) -> None:
     first, second = _readme_blocks()
     assert first[0] == "make dev-cluster" and first[-1] == "make run", first
     assert second[-1] == "make dev-cluster-down", second

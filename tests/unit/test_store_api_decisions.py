@@ -31,7 +31,8 @@ from agentrun.vocabulary import STORE_AUDIENCE, Reason, RunStatus
     (RunStatus.FAILED, Reason.SESSION_BUSY, "'SessionBusy' is not one"),
     (RunStatus.FAILED, Reason.MODEL_NOT_ALLOWED, "the operator decides it"),
     (RunStatus.FAILED, Reason.EVICTED,
-     "one of its own reasons (AgentError, AgentInvalid, AgentNotFound, AwaitingApproval"),
+     "one of its own reasons (AgentError, AgentInvalid, AgentNotFound, ApprovalMismatch, "
+         "AwaitingApproval"),
     (RunStatus.FAILED, Reason.IMAGE_PULL_FAILED, "is not one"),
     (RunStatus.FAILED, "NoSuchReason", "is not one"),
     (RunStatus.FAILED, None, "a failure names its reason"),
