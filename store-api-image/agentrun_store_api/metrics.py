@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
@@ -66,20 +67,27 @@ MODEL_COST = Counter(
     ["namespace", "agent", "model"])
 
 
-# LiteLLM's bundled price map, read as data beside its package (never imported: the
-# store API image installs LiteLLM without its dependencies, for this file alone).
+# LiteLLM's bundled price map, read as data (LiteLLM is never imported here).
 _LITELLM_MAP = "model_prices_and_context_window_backup.json"
 # The chart's modelPrices names (price_models), on top of the map's.
 _PRICED: set[str] = set()
 
 
+# The store API image carries the map alone, copied from LiteLLM's wheel (its Dockerfile);
+# elsewhere (a development checkout) it is LiteLLM's own file.
+_IMAGE_MAP = Path(sys.prefix) / "share" / "agentrun" / "model_prices.json"
+
+
 @cache
 def _litellm_models() -> frozenset[str]:
-    found = importlib.util.find_spec("litellm")
-    if found is None or not found.origin:
-        return frozenset()
+    path = _IMAGE_MAP
+    if not path.exists():
+        found = importlib.util.find_spec("litellm")
+        if found is None or not found.origin:
+            return frozenset()
+        path = Path(found.origin).parent / _LITELLM_MAP
     try:
-        loaded = json.loads((Path(found.origin).parent / _LITELLM_MAP).read_text())
+        loaded = json.loads(path.read_text())
     except (OSError, ValueError):
         return frozenset()
     return frozenset(str(k) for k in loaded) if isinstance(loaded, dict) else frozenset()
