@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from agentrun_devtools.controlplane import REPO
 
+from agentrun.agents import header_env
 from e2e.install import EMAIL, RELEASE_NAMESPACE, Cluster, run_manifest
 
 pytestmark = pytest.mark.realnode
@@ -213,6 +214,26 @@ def test_the_declarative_sample_runs_an_agent_with_its_mcp_server(cluster: Clust
     assert all(c["idempotencyKey"] == calls[c["tool"]]["idempotencyKey"] for c in seen)
     token = hashlib.sha256(b"Bearer demo-token").hexdigest()
     assert all(c["authorizationSha256"] == token for c in seen)
+
+
+def test_no_tenant_text_expands_into_the_agents_secret_on_a_real_kubelet(
+        cluster: Cluster) -> None:
+    """A run of the declarative sample's Agent whose model, env and input name the Agent's
+    Secret header variable: the real kubelet expands $(VAR) only from what precedes it, and
+    the operator's variables (the model among them) are escaped, so the runner is told
+    the model as the tenant wrote it and the Secret reaches no status, Event or answer."""
+    ns = "shop"
+    header = f"$({header_env('triage', 'crm', 'Authorization')})"
+    cluster.apply(ns, run_manifest("expand-42", [{"text": "never"}], agent="triage",
+                                   model=header, input={"text": header},
+                                   env=[{"name": "PROBE", "value": header}]), as_user="alice")
+    run = cluster.wait_phase("agentrun", "expand-42", ns, ("Succeeded", "Failed"), timeout=300)
+    status = run["status"]
+    assert status["phase"] == "Failed" and status["toolsExecuted"] == [], status
+    assert header in status.get("message", ""), status
+    assert "demo-token" not in json.dumps(run)
+    events = cluster.kubectl("get", "events", "-n", ns, "-o", "json").stdout
+    assert "demo-token" not in events
 
 
 def test_helm_upgrade_keeps_every_run(cluster: Cluster) -> None:
