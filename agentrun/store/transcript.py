@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, or_, select
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agentrun.ledger import LedgerEntry
 from agentrun.store import adk_tables as adk
@@ -27,14 +27,7 @@ async def transcript_facts(engine: AsyncEngine, uid: str) -> TranscriptFacts | N
     async with engine.connect() as conn:
         if (await conn.execute(select(runs.c.uid).where(runs.c.uid == uid))).first() is None:
             return None
-        tried = [AttemptFacts(
-            attempt=r.attempt, app_name=r.app_name, user_id=r.user_id,
-            session_id=r.session_id, invocation_id=r.invocation_id,
-            resumes_attempt=r.resumes_attempt, resumes_run_uid=r.resumes_run_uid,
-            runner_started_at=r.runner_started_at, status=r.status, reason=r.reason,
-            message=r.message, finished_at=r.finished_at,
-        ) for r in await conn.execute(
-            select(attempts).where(attempts.c.run_uid == uid).order_by(attempts.c.attempt))]
+        tried = await _attempts_of(conn, uid)
         events: dict[tuple[str, str, str, str], list[Mapping[str, Any]]] = {}
         # Only once a runner recorded its turn does ADK's table hold anything of this run
         # (on a fresh store the table may not exist before that).
@@ -52,6 +45,18 @@ async def transcript_facts(engine: AsyncEngine, uid: str) -> TranscriptFacts | N
                            usage=await run_usage(engine, uid))
 
 
+async def _attempts_of(conn: AsyncConnection, uid: str) -> list[AttemptFacts]:
+    """Run `uid`'s attempts, in order: what both a whole read and a follower's read ask."""
+    return [AttemptFacts(
+        attempt=r.attempt, app_name=r.app_name, user_id=r.user_id,
+        session_id=r.session_id, invocation_id=r.invocation_id,
+        resumes_attempt=r.resumes_attempt, resumes_run_uid=r.resumes_run_uid,
+        runner_started_at=r.runner_started_at, status=r.status, reason=r.reason,
+        message=r.message, finished_at=r.finished_at,
+    ) for r in await conn.execute(
+        select(attempts).where(attempts.c.run_uid == uid).order_by(attempts.c.attempt))]
+
+
 # A ledger row or approval that changed this long before the previous read began is one
 # that read saw: the margin covers a write whose transaction took its time to commit.
 CHANGED_MARGIN = timedelta(seconds=30)
@@ -66,14 +71,7 @@ async def transcript_facts_after(engine: AsyncEngine, uid: str, known: Transcrip
     every fact of the run again."""
     changed = since - CHANGED_MARGIN
     async with engine.connect() as conn:
-        tried = [AttemptFacts(
-            attempt=r.attempt, app_name=r.app_name, user_id=r.user_id,
-            session_id=r.session_id, invocation_id=r.invocation_id,
-            resumes_attempt=r.resumes_attempt, resumes_run_uid=r.resumes_run_uid,
-            runner_started_at=r.runner_started_at, status=r.status, reason=r.reason,
-            message=r.message, finished_at=r.finished_at,
-        ) for r in await conn.execute(
-            select(attempts).where(attempts.c.run_uid == uid).order_by(attempts.c.attempt))]
+        tried = await _attempts_of(conn, uid)
         events: dict[tuple[str, str, str, str], list[Mapping[str, Any]]] = {}
         for turn in dict.fromkeys(a.turn for a in tried if a.turn is not None):
             app, user, session, invocation = turn
