@@ -213,6 +213,11 @@ class RunnerWorld:
                                         grace_period_seconds=0)
 
     def create_namespace(self, name: str) -> str:
+        # The session operator acts on every namespace but solo-*: a runner world's
+        # namespace anywhere else would have its AgentRuns started by it (a pod of the
+        # same name with the operator's ServiceAccount, and this world's token refused).
+        if not name.startswith("solo-"):
+            raise ValueError(f"a runner world's namespace is named solo-*, not {name!r}")
         self.core.create_namespace({"metadata": {"name": name}})
         return name
 

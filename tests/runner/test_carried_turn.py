@@ -72,7 +72,7 @@ def _ledger(url: str, run: Run) -> list[tuple[int, str | None]]:
 def test_an_open_carries_its_turn_into_its_own_session_only(
     pg_store: str, runner_world: RunnerWorld
 ) -> None:
-    other_ns = runner_world.create_namespace(f"turn-b-{runner_world.namespace[-6:]}")
+    other_ns = runner_world.create_namespace(f"solo-turn-b-{runner_world.namespace[-6:]}")
     a, api, token = _begun(pg_store, runner_world, "turn-a", runner_world.namespace)
     b, _, b_token = _begun(pg_store, runner_world, "turn-b", other_ns)
 
