@@ -8,7 +8,8 @@ cancel a run in place; start a schedule's run now.
     kubectl agentrun cancel RUN [--note TEXT]
     kubectl agentrun schedule trigger SCHEDULE
     kubectl agentrun result RUN [-o json]
-    kubectl agentrun transcript RUN [-f]
+    kubectl agentrun transcript RUN [-f] [--uid UID]
+    kubectl agentrun history [-A] [--since 24h] [--phase Failed] [-l SELECTOR]
 
 Installed as the console script `kubectl-agentrun`; kubectl finds it on PATH. It talks to
 the cluster as kubectl does (KUBECONFIG / --kubeconfig, --context, or in-cluster), in the
@@ -17,7 +18,9 @@ operator publishes on a settled run (status.toolCalls): no database credential i
 needed. With DATABASE_URL (or --database-url) it reads the run store instead, which also
 shows the calls of a run still going. `result` and `transcript` read the run's Transcript
 through the API server (the aggregated API store.agentrun.dev, which the store API serves):
-the user's own kubeconfig and RBAC (agentrun-view) are all they need.
+the user's own kubeconfig and RBAC (agentrun-view) are all they need. `history` lists
+the run archive (runs.store.agentrun.dev) the same way: every run the store recorded,
+including those deleted from the API server after their time to live.
 
 Exit codes: 0 done (replay approved); 1 refused (by the operator or by the API server);
 2 usage or connection errors, or no decision in time.
@@ -31,7 +34,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -166,18 +169,37 @@ class Cluster:
         return (f"/apis/{TRANSCRIPT_GROUP}/{TRANSCRIPT_VERSION}/namespaces/{self.namespace}/"
                 f"{TRANSCRIPT_PLURAL}/{run}")
 
-    def transcript(self, run: str) -> dict[str, Any]:
-        """The run's Transcript, through the API server as the current user."""
-        response = self._call(self.transcript_path(run), [])
+    def transcript(self, run: str, uid: str | None = None) -> dict[str, Any]:
+        """The run's Transcript, through the API server as the current user (with `uid`:
+        that run of the name, its AgentRun deleted or not)."""
+        return self._read(self.transcript_path(run), _by_uid(uid))
+
+    def follow(self, run: str, uid: str | None = None) -> Any:
+        """The streamed entries of a live run (`?follow=true`): a response to read by line."""
+        return self._call(self.transcript_path(run), [("follow", "true"), *_by_uid(uid)],
+                          stream=True)
+
+    def records(self, query: list[tuple[str, str]], *, everywhere: bool) -> Iterator[
+            dict[str, Any]]:
+        """The run archive's RunRecords (runs.store.agentrun.dev), newest first, every page
+        of them."""
+        where = "" if everywhere else f"/namespaces/{self.namespace}"
+        path = f"/apis/{TRANSCRIPT_GROUP}/{TRANSCRIPT_VERSION}{where}/runs"
+        token = ""
+        while True:
+            page = self._read(path, [*query, *([("continue", token)] if token else [])])
+            yield from page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return
+
+    def _read(self, path: str, query: list[tuple[str, str]]) -> dict[str, Any]:
+        response = self._call(path, query)
         try:
             body: dict[str, Any] = json.loads(response.read() or b"{}")
         finally:
             response.response.release_conn()
         return body
-
-    def follow(self, run: str) -> Any:
-        """The streamed entries of a live run (`?follow=true`): a response to read by line."""
-        return self._call(self.transcript_path(run), [("follow", "true")], stream=True)
 
     def _call(self, path: str, query: list[tuple[str, str]], *, stream: bool = False) -> Any:
         """GET `path` of the aggregated API. The API server answers 503 while its aggregator
@@ -593,10 +615,40 @@ def result(cluster: Cluster, run: str, output: str | None) -> int:
     return OK
 
 
-def transcript(cluster: Cluster, run: str, *, follow: bool) -> int:
-    """The run's conversation, readable; with `follow`, as it goes, until it settles."""
+def _by_uid(uid: str | None) -> list[tuple[str, str]]:
+    return [("fieldSelector", f"metadata.uid={uid}")] if uid else []
+
+
+def history(cluster: Cluster, *, everywhere: bool, since: str | None, phase: str | None,
+            selector: str | None) -> int:
+    """The runs the store has recorded, newest first, whether their AgentRuns are still in
+    the API server or not (runs.store.agentrun.dev)."""
+    query = [(k, v) for k, v in (("since", since), ("labelSelector", selector),
+                                 ("fieldSelector", phase and f"status.phase={phase}")) if v]
+    rows = [(["NAMESPACE"] if everywhere else []) + ["NAME", "UID", "PHASE", "REASON",
+                                                     "TOOLS EXECUTED", "CREATED"]]
+    for r in cluster.records(query, everywhere=everywhere):
+        meta, status = r["metadata"], r["status"]
+        tools = status.get("toolsExecuted")
+        rows.append(([meta["namespace"]] if everywhere else []) + [
+            meta["name"], meta["uid"], status.get("phase") or "", status.get("reason") or "",
+            "<unknown>" if tools is None else ",".join(tools) or "<none>",
+            meta.get("creationTimestamp") or ""])
+    if len(rows) == 1:
+        where = "any namespace" if everywhere else f"namespace {cluster.namespace}"
+        print(f"No recorded runs in {where}.", file=sys.stderr)
+        return OK
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("   ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return OK
+
+
+def transcript(cluster: Cluster, run: str, *, follow: bool, uid: str | None = None) -> int:
+    """The run's conversation, readable; with `follow`, as it goes, until it settles. With
+    `uid`, that run of the name (the name may have been used again since)."""
     if not follow:
-        found = cluster.transcript(run)
+        found = cluster.transcript(run, uid)
         print(headline(run, found))
         shown = Conversation()
         for entry in found.get("entries") or []:
@@ -606,7 +658,7 @@ def transcript(cluster: Cluster, run: str, *, follow: bool) -> int:
     shown = Conversation()
     print(f"AgentRun {run}: following its transcript until it settles (Ctrl-C to stop)")
     while True:
-        stream = cluster.follow(run)
+        stream = cluster.follow(run, uid)
         try:
             for line in stream.response:
                 if line.strip():
@@ -618,7 +670,7 @@ def transcript(cluster: Cluster, run: str, *, follow: bool) -> int:
             stream.response.release_conn()
         # A stream ends when its run settles, or after a while (the API server's request
         # timeout is the bound): which, the Transcript says.
-        found = cluster.transcript(run)
+        found = cluster.transcript(run, uid)
         for entry in found.get("entries") or []:
             shown.add(entry)
         if (found.get("run") or {}).get("phase") in Phase.TERMINAL:
@@ -860,6 +912,19 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("run")
     t.add_argument("-f", "--follow", action="store_true",
                    help="follow a live run until it settles")
+    t.add_argument("--uid", help="this run of the name (kubectl agentrun history lists "
+                                 "them), when the name was used again since")
+    h = sub.add_parser("history", parents=[common],
+                       help="the runs the store has recorded, newest first, their AgentRuns "
+                            "in the API server or deleted after their time to live")
+    h.add_argument("-A", "--all-namespaces", action="store_true",
+                   help="every namespace (needs list on runs.store.agentrun.dev "
+                        "cluster-wide)")
+    h.add_argument("--since", help="only runs created since: a duration (24h, 30m, 7d) or "
+                                   "a time (RFC 3339)")
+    h.add_argument("--phase", choices=sorted(Phase.TERMINAL | {Phase.PENDING, Phase.RUNNING}),
+                   help="only runs in this phase")
+    h.add_argument("-l", "--selector", help="label selector (the labels runs had at launch)")
     return p
 
 
@@ -883,7 +948,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "result":
             return result(cluster, args.run, args.output)
         if args.command == "transcript":
-            return transcript(cluster, args.run, follow=args.follow)
+            return transcript(cluster, args.run, follow=args.follow, uid=args.uid)
+        if args.command == "history":
+            return history(cluster, everywhere=args.all_namespaces, since=args.since,
+                           phase=args.phase, selector=args.selector)
         return why(cluster, args.replay)
     except Failure as e:
         print(str(e), file=sys.stderr)

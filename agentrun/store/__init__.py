@@ -27,7 +27,9 @@ Agent snapshots (content-addressed, never changed: agentrun.agents)
 
 Runs and attempts (status: vocabulary.RunStatus)
     await record_run(engine, uid, namespace, name, agent, trigger, user_id, input_digest,
-                     replay_of=None, agent_digest=None) -> bool            operator, idempotent
+                     replay_of=None, agent_digest=None, labels=None, annotations=None,
+                     spec=None)
+                     -> bool                                               operator, idempotent
     await start_attempt(engine, uid, attempt, session_id, pod_name)        operator, idempotent
     await record_pod(engine, uid, attempt, pod_uid)      operator: the attempt's pod exists
     await begin_attempt(engine, uid, attempt, app_name, user_id, session_id)     runner
@@ -55,6 +57,11 @@ Tools
                                                        the runner's write-ahead ledger
         (close_call closes only an open row: a finished one is never rewritten; both
         raise AttemptSettled once the operator settled the attempt)
+
+The archive (every recorded run, its AgentRun in the API server or not; history.py)
+    await run_records(engine, namespace | None, fields=[Field], since=, matches=, limit=,
+                      after=Keyset) -> Page(records, after)        newest first, keyset pages
+    await latest_named(engine, namespace, name) -> Run | None      a name's most recent run
 
 Replays (approved AgentRunReplays; at most one non-forced approval per run, atomically)
     await approve_replay(engine, uid=, namespace=, name=, run_uid=, run_name=, forced=,
@@ -118,6 +125,7 @@ from agentrun.store.engine import (
     redact,
     session_service_url,
 )
+from agentrun.store.history import Field, Keyset, Page, latest_named, run_records
 from agentrun.store.inputs import (
     Input,
     delete_input,
@@ -202,12 +210,15 @@ __all__ = [
     "AttemptUsage",
     "CallClose",
     "Claim",
+    "Field",
     "Input",
     "InvocationRecorded",
     "JournalEntry",
+    "Keyset",
     "LedgerEntry",
     "OutboxRow",
     "Outcome",
+    "Page",
     "ReplayApproval",
     "ReplayRace",
     "Result",
@@ -251,6 +262,7 @@ __all__ = [
     "installation_key",
     "is_durable",
     "journal",
+    "latest_named",
     "ledger",
     "lineage_root",
     "make_engine",
@@ -272,6 +284,7 @@ __all__ = [
     "release_replay",
     "replays_of",
     "request_approval",
+    "run_records",
     "run_usage",
     "session_app",
     "session_service_url",

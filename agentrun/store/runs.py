@@ -9,7 +9,7 @@ Who writes what:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -53,6 +53,10 @@ class Run:
     finished_at: datetime | None
     # The Agent snapshot the run pinned (agent_snapshots); None: an image agent.
     agent_digest: str | None = None
+    # The AgentRun's spec, labels and annotations when it was launched.
+    spec: dict[str, Any] | None = None
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,8 @@ def _run(row: Row[Any]) -> Run:
         replay_of=row.replay_of, status=row.status, reason=row.reason, message=row.message,
         attempts=row.attempts, tools_executed=row.tools_executed, created_at=row.created_at,
         started_at=row.started_at, finished_at=row.finished_at,
-        agent_digest=row.agent_digest,
+        agent_digest=row.agent_digest, spec=row.spec, labels=row.labels,
+        annotations=row.annotations,
     )
 
 
@@ -139,10 +144,15 @@ async def record_run(
     input_digest: str | None,
     replay_of: str | None = None,
     agent_digest: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    spec: Mapping[str, Any] | None = None,
 ) -> bool:
     """Writes the run down (status pending), with the Agent snapshot it pinned, if it names
-    an Agent. Idempotent: an operator that restarts and records the same uid again changes
-    nothing (the first record's snapshot stands). Returns whether the row was new."""
+    an Agent, and the AgentRun's spec, labels and annotations (kept for its history, and
+    for a replay once the AgentRun is deleted). Idempotent:
+    an operator that restarts and records the same uid again changes nothing (the first
+    record's snapshot stands). Returns whether the row was new."""
     now = _now()
     async with engine.begin() as conn:
         result = await conn.execute(
@@ -152,6 +162,9 @@ async def record_run(
                 user_id=user_id, input_digest=input_digest, replay_of=replay_of,
                 agent_digest=agent_digest, status=RunStatus.PENDING, attempts=0,
                 created_at=now, updated_at=now,
+                spec=dict(spec) if spec else None,
+                labels=dict(labels) if labels else None,
+                annotations=dict(annotations) if annotations else None,
             )
             .on_conflict_do_nothing()
             .returning(runs.c.uid)

@@ -88,7 +88,16 @@ runs = Table(
     Column("started_at", UTCDateTime),
     Column("finished_at", UTCDateTime),
     Column("updated_at", UTCDateTime, nullable=False),
+    # The AgentRun's spec, labels and annotations at launch: the archive shows them, and a
+    # replay of a run no longer in the API server runs this spec again on the input
+    # snapshot input_digest names (history.py).
+    Column("spec", NullableJSON),
+    Column("labels", NullableJSON),
+    Column("annotations", NullableJSON),
     Index(None, "namespace", "name"),
+    # The archive pages newest first, in a namespace or across them.
+    Index(None, "namespace", "created_at", "uid"),
+    Index(None, "created_at", "uid"),
 )
 
 # One row per attempt. No foreign key to runs: a runner started by hand in development

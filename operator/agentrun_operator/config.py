@@ -77,6 +77,9 @@ class OperatorConfig:
     workers: int = 8
     # Runner pods of a settled run are deleted this long after it settled (None: kept).
     pod_ttl_after_finished: datetime.timedelta | None = datetime.timedelta(hours=1)
+    # A settled run is deleted this long after it settled, unless its spec says otherwise
+    # (None: kept). Its record stays in the store (ttl.py).
+    run_ttl_after_finished: datetime.timedelta | None = None
     # Leader election: the namespace of the Lease ("" = none: this replica always acts).
     leader_election_namespace: str = ""
     leader_election_seconds: float = 15.0
@@ -180,6 +183,11 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
     p.add_argument("--pod-ttl-after-finished", type=float,
                    default=float(_env("AGENTRUN_POD_TTL_AFTER_FINISHED_SECONDS", "3600")),
                    help="seconds a settled run's pods are kept (negative: forever)")
+    p.add_argument("--run-ttl-after-finished", type=float,
+                   default=float(_env("AGENTRUN_RUN_TTL_AFTER_FINISHED_SECONDS", "-1")),
+                   help="seconds a settled run is kept in the API server when its spec sets "
+                        "no ttlSecondsAfterFinished (negative: forever); its record stays "
+                        "in the store")
     p.add_argument("--leader-election-namespace",
                    default=_env("AGENTRUN_LEADER_ELECTION_NAMESPACE", ""),
                    help="elect one active replica with a Lease in this namespace (empty: no "
@@ -272,6 +280,8 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
         workers=max(1, a.workers),
         pod_ttl_after_finished=None if a.pod_ttl_after_finished < 0 else
         datetime.timedelta(seconds=a.pod_ttl_after_finished),
+        run_ttl_after_finished=None if a.run_ttl_after_finished < 0 else
+        datetime.timedelta(seconds=a.run_ttl_after_finished),
         leader_election_namespace=a.leader_election_namespace,
         leader_election_seconds=a.leader_election_seconds,
         metrics_port=a.metrics_port,

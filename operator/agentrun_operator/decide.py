@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from agentrun import effects
 from agentrun.vocabulary import (
@@ -61,6 +62,18 @@ def is_forced(annotations: Mapping[str, str] | None) -> bool:
     """The force annotation says "true" (the admission policy decides who may write it)."""
     value = (annotations or {}).get(ANNOTATION_FORCE_REPLAY, "")
     return value.strip().lower() == "true"
+
+
+def replay_decided(replay: Mapping[str, Any]) -> bool:
+    """A replay with nothing left to decide: Approved with its run created, or Refused and
+    not forced since (a forced refusal is decided again; a run that could not be created
+    is not retried)."""
+    status = replay.get("status") or {}
+    if status.get("phase") == ReplayPhase.APPROVED and status.get("replayRunName"):
+        return True
+    forced = is_forced((replay.get("metadata") or {}).get("annotations"))
+    return status.get("phase") == ReplayPhase.REFUSED and (
+        not forced or status.get("reason") == ReplayReason.RUN_CREATION_FAILED)
 
 
 def cancel_requested(annotations: Mapping[str, str] | None) -> bool:

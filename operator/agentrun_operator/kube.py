@@ -122,10 +122,15 @@ class Kube:
     async def delete_run(self, namespace: str, name: str, uid: str) -> bool:
         """Deletes AgentRun `name` only if it is still the run `uid`. Its finalizer then
         keeps it until the store holds its record. Returns whether this call deleted it."""
+        return await self.delete_object(RUN_PLURAL, namespace, name, uid)
+
+    async def delete_object(self, plural: str, namespace: str, name: str, uid: str) -> bool:
+        """Deletes our kind's object `name` only if it is still the object `uid`. Returns
+        whether this call deleted it (False: gone already, or another of that name)."""
         body = {"preconditions": {"uid": uid}}
         try:
             await asyncio.to_thread(self.custom.delete_namespaced_custom_object, GROUP,
-                                    VERSION, namespace, RUN_PLURAL, name, body=body)
+                                    VERSION, namespace, plural, name, body=body)
         except ApiException as e:
             if e.status in (404, 409):
                 return False

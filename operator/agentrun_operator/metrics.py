@@ -34,6 +34,11 @@ RUNS_SETTLED = Counter(
     "Runs settled by this operator (the end shown in their status), by phase and reason.",
     ["phase", "reason"],
 )
+RUNS_EXPIRED = Counter(
+    "agentrun_runs_expired_total",
+    "Settled runs deleted from the API server when their time to live was up "
+    "(ttlSecondsAfterFinished); their records stay in the store.",
+)
 ATTEMPTS_STARTED = Counter(
     "agentrun_attempts_started_total",
     "Runner pods created, one per attempt.",

@@ -40,13 +40,15 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from agentrun import agents, effects, store
+from agentrun import agents, effects, history, store
 from agentrun.vocabulary import (
     ANNOTATION_CANCEL,
     ANNOTATION_CANCEL_NOTE,
+    APPROVAL_PLURAL,
     DEFAULT_USER_ID,
     GROUP,
     LABEL_RUN,
+    REPLAY_PLURAL,
     RUN_PLURAL,
     SCRIPTED_MODEL,
     ApprovalDecision,
@@ -54,7 +56,7 @@ from agentrun.vocabulary import (
     Reason,
     RunStatus,
 )
-from agentrun_operator import events, metrics
+from agentrun_operator import events, metrics, ttl
 from agentrun_operator import status as st
 from agentrun_operator.agents import pin as agent_pin
 from agentrun_operator.classify import Outcome, classify
@@ -69,6 +71,7 @@ from agentrun_operator.decide import (
     Original,
     cancel_requested,
     decide_resume,
+    replay_decided,
 )
 from agentrun_operator.informer import Informer, Informers, Key
 from agentrun_operator.kube import InputForbidden, InputMissing, Kube, api_message
@@ -96,6 +99,8 @@ _STOP_POD = frozenset({Reason.IMAGE_PULL_FAILED, Reason.DEADLINE_EXCEEDED, Reaso
 EXPECTATION_SECONDS = 30.0
 # Unknown tools are read again this often, until the store answers.
 UNKNOWN_TOOLS_RETRY = 5.0
+# A run whose time to live is up waits this long for an undecided replay of it.
+EXPIRE_WAIT = 1.0
 # A node that is not Ready is looked at this often (its pods fail NodeLost after a grace).
 NODE_RECHECK = 1.0
 
@@ -343,7 +348,9 @@ async def _record_run(ctx: Context, run: Mapping[str, Any], digest: str | None,
     await store.record_run(
         ctx.engine, meta["uid"], meta["namespace"], meta["name"], spec["agent"],
         spec.get("trigger") or "manual", spec.get("userId") or DEFAULT_USER_ID, digest,
-        replay_of=spec.get("replayOf"), agent_digest=agent_digest)
+        replay_of=spec.get("replayOf"), agent_digest=agent_digest,
+        labels=meta.get("labels"), annotations=history.kept_annotations(meta.get("annotations")),
+        spec=spec)
 
 
 async def _snapshot(ctx: Context, run: Mapping[str, Any]) -> str | None:
@@ -1030,19 +1037,46 @@ async def _count_unknown(ctx: Context, run: Mapping[str, Any]) -> list[str] | No
 
 
 async def _collect_pods(ctx: Context, run: Mapping[str, Any]) -> float | None:
-    meta, status = run["metadata"], run.get("status") or {}
-    ttl = ctx.config.pod_ttl_after_finished
-    pods = ctx.pods_of(meta["namespace"], meta["name"])
-    if not pods or ttl is None:
-        return None
-    finished = _since(status.get("finishedAt")) or now()
-    left = (finished + ttl - now()).total_seconds()
-    if left > 0:
-        return left
-    for pod in pods:
-        if owns(run, pod):
+    """A settled run's pods go when their time to live is up, the run itself when its own
+    is (ttl.py); returns when the nearer of the two is due, None when nothing is left."""
+    meta = run["metadata"]
+    since = ttl.settled_at(run)
+    pods = [p for p in ctx.pods_of(meta["namespace"], meta["name"]) if owns(run, p)]
+    pods_left = ttl.seconds_left(since, ctx.config.pod_ttl_after_finished, now()) if pods \
+        else None
+    if pods_left is not None and pods_left <= 0:
+        for pod in pods:
             await ctx.kube.delete_pod(meta["namespace"], pod["metadata"]["name"],
                                       pod["metadata"]["uid"])
+        pods_left = None
+    run_left = ttl.seconds_left(
+        since, ttl.run_ttl(run.get("spec") or {}, ctx.config.run_ttl_after_finished), now())
+    if run_left is not None and run_left <= 0:
+        return await _expire(ctx, run)
+    due = [left for left in (pods_left, run_left) if left is not None]
+    return min(due) if due else None
+
+
+async def _expire(ctx: Context, run: Mapping[str, Any]) -> float | None:
+    """The run's time to live is up: its decided replays and its approvals go (they hold
+    no ownerReference to it), then the run (only if it is still this run; its finalizer
+    lets it go at once, the store's record stays). A replay not decided yet keeps the run
+    until it is: its request is never lost."""
+    meta = run["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    replays = [r for (rns, _), r in list(ctx.replays.items())
+               if rns == ns and (r.get("spec") or {}).get("runName") == name]
+    if any(not replay_decided(r) for r in replays):
+        return EXPIRE_WAIT
+    for plural, objects in ((REPLAY_PLURAL, replays), (APPROVAL_PLURAL, [
+            a for (ans, _), a in list(ctx.approvals.items())
+            if ans == ns and (a.get("spec") or {}).get("runName") == name])):
+        for obj in objects:
+            await ctx.kube.delete_object(plural, ns, obj["metadata"]["name"],
+                                         obj["metadata"]["uid"])
+    if await ctx.kube.delete_run(ns, name, meta["uid"]):
+        _log(run, "expired", phase=(run.get("status") or {}).get("phase"))
+        metrics.RUNS_EXPIRED.inc()
     return None
 
 

@@ -41,6 +41,7 @@ from agentrun_operator.decide import (
     decide,
     decide_resume,
     is_forced,
+    replay_decided,
 )
 from agentrun_operator.kube import api_message
 from agentrun_operator.reconcile import Context, journal_of, now
@@ -100,6 +101,22 @@ _PHASE = {RunStatus.PENDING: Phase.PENDING, RunStatus.RUNNING: Phase.RUNNING,
           RunStatus.CANCELLED: Phase.CANCELLED}
 
 
+async def archived_run(ctx: Context, namespace: str, name: str) -> dict[str, Any] | None:
+    """The most recent run of that name the store recorded, as an AgentRun (its spec,
+    labels and attempts as recorded at launch), once its AgentRun has left the API server
+    (history.md); None when there is none, or its record predates recorded specs."""
+    recorded = await store.latest_named(ctx.engine, namespace, name)
+    if recorded is None or not recorded.spec:
+        return None
+    meta: dict[str, Any] = {"name": recorded.name, "namespace": recorded.namespace,
+                            "uid": recorded.uid}
+    if recorded.labels:
+        meta["labels"] = dict(recorded.labels)
+    return {"apiVersion": API_VERSION, "kind": RUN_KIND, "metadata": meta,
+            "spec": dict(recorded.spec),
+            "status": {"phase": _PHASE[recorded.status], "attempts": recorded.attempts}}
+
+
 async def original_facts(ctx: Context, original: Mapping[str, Any] | None) -> Original | None:
     """What decide() needs to know about the run to replay; None if it does not exist.
 
@@ -142,13 +159,13 @@ async def reconcile(ctx: Context, replay: Mapping[str, Any]) -> float | None:
     is final. Returns when to try again (a run that could not be created yet)."""
     meta, spec, status = replay["metadata"], replay.get("spec") or {}, replay.get("status") or {}
     forced = is_forced(meta.get("annotations"))
-    if status.get("phase") == ReplayPhase.APPROVED and status.get("replayRunName"):
-        return None
-    if status.get("phase") == ReplayPhase.REFUSED and (not forced or status.get(
-            "reason") == ReplayReason.RUN_CREATION_FAILED):
+    if replay_decided(replay):
         return None
     run_name = spec["runName"]
     original = await ctx.kube.read_run(meta["namespace"], run_name)
+    archived = original is None
+    if archived:
+        original = await archived_run(ctx, meta["namespace"], run_name)
     facts = await original_facts(ctx, original)
     new_name = replay_run_name(replay)
     journal = None
@@ -220,7 +237,7 @@ async def reconcile(ctx: Context, replay: Mapping[str, Any]) -> float | None:
     events.post(replay, decision.reason, decision.message
                 + (f" Created AgentRun {new_name}." if decision.approved else ""),
                 warning=not decision.approved)
-    if decision.approved and original is not None:
+    if decision.approved and original is not None and not archived:
         events.post(original, "Replayed", f"AgentRunReplay {meta['name']} was approved "
                     f"({decision.reason}): AgentRun {new_name} runs it again on the same input.")
     return None

@@ -12,7 +12,11 @@ transcripts in the namespace). Users need their kubeconfig only:
     kubectl agentrun transcript triage-42 -n support -f      # ?follow=true
 
 A Transcript is one per AgentRun, of the same name (the AgentRun is read from the API
-server: its uid names the run in the store, its phase says whether it is over). With
+server: its uid names the run in the store, its phase says whether it is over; once the
+AgentRun is deleted, the store's most recent record of the name, or the one
+?fieldSelector=metadata.uid=<uid> names). The same API serves the run archive, `runs`
+(kind RunRecord, agentrun/history.py): every run the store recorded, newest first, in
+keyset pages, with label and field selectors applied here (docs/history.md). With
 ?follow=true the entries are streamed, one JSON object per line (as pod logs are), while
 the run is live; the stream ends when the run settles, or after FOLLOW_SECONDS, under the
 API server's own request timeout (60 s by default: a GET that is not a watch is cut there),
@@ -32,7 +36,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiohttp import web
@@ -40,7 +44,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from agentrun import store
+from agentrun import history, store
 from agentrun.transcript import (
     Follower,
     TranscriptFacts,
@@ -86,6 +90,7 @@ FOLLOW_RETRY_SECONDS = 5
 LIST_LIMIT = 500
 PREFIX = f"/apis/{TRANSCRIPT_GROUP}/{TRANSCRIPT_VERSION}"
 RESOURCE = f"{TRANSCRIPT_PLURAL}.{TRANSCRIPT_GROUP}"
+RECORDS = f"{history.RECORD_PLURAL}.{TRANSCRIPT_GROUP}"
 # What the API server's OpenAPI aggregation asks an aggregated API for.
 OPENAPI_PATHS = ("/openapi/v2", "/openapi/v3")
 
@@ -104,7 +109,10 @@ def api_resources() -> dict[str, Any]:
             "groupVersion": TRANSCRIPT_API_VERSION,
             "resources": [{"name": TRANSCRIPT_PLURAL, "singularName": TRANSCRIPT_SINGULAR,
                            "namespaced": True, "kind": TRANSCRIPT_KIND,
-                           "verbs": ["get", "list"]}]}
+                           "verbs": ["get", "list"]},
+                          {"name": history.RECORD_PLURAL,
+                           "singularName": history.RECORD_SINGULAR, "namespaced": True,
+                           "kind": history.RECORD_KIND, "verbs": ["get", "list"]}]}
 
 
 # -- Kubernetes Status objects ------------------------------------------------------------
@@ -135,10 +143,12 @@ class Answered(Exception):
 
 def forbidden(user: User, access: Access, reason: str) -> Answered:
     """The API server's own wording of a 403."""
-    subject = f'{RESOURCE} "{access.name}"' if access.name else RESOURCE
+    plural = access.resource or TRANSCRIPT_PLURAL
+    resource = f"{plural}.{TRANSCRIPT_GROUP}"
+    subject = f'{resource} "{access.name}"' if access.name else resource
     where = f'in the namespace "{access.namespace}"' if access.namespace else \
         "at the cluster scope"
-    said = f'User "{user.name}" cannot {access.verb} resource "{TRANSCRIPT_PLURAL}" in API ' \
+    said = f'User "{user.name}" cannot {access.verb} resource "{plural}" in API ' \
            f'group "{TRANSCRIPT_GROUP}" {where}'
     if access.path:
         subject, said = "forbidden", f'User "{user.name}" cannot {access.verb} path ' \
@@ -147,8 +157,12 @@ def forbidden(user: User, access: Access, reason: str) -> Answered:
                     + (f": {reason}" if reason else ""), access.name)
 
 
-def not_found(name: str) -> Answered:
-    return Answered(404, "NotFound", f'{RESOURCE} "{name}" not found', name)
+def not_found(name: str, resource: str = RESOURCE) -> Answered:
+    return Answered(404, "NotFound", f'{resource} "{name}" not found', name)
+
+
+def bad_request(message: str) -> Answered:
+    return Answered(400, "BadRequest", message)
 
 
 # -- the server ---------------------------------------------------------------------------
@@ -170,11 +184,16 @@ class Transcripts:
 
     def application(self) -> web.Application:
         app = web.Application(middlewares=[self._answering])
+        records = history.RECORD_PLURAL
         for path, handler in ((f"{PREFIX}/namespaces/{{namespace}}/{TRANSCRIPT_PLURAL}/{{name}}",
                                self.one),
                               (f"{PREFIX}/namespaces/{{namespace}}/{TRANSCRIPT_PLURAL}",
                                self.many),
                               (f"{PREFIX}/{TRANSCRIPT_PLURAL}", self.many),
+                              (f"{PREFIX}/namespaces/{{namespace}}/{records}/{{name}}",
+                               self.record),
+                              (f"{PREFIX}/namespaces/{{namespace}}/{records}", self.records),
+                              (f"{PREFIX}/{records}", self.records),
                               (PREFIX, self.discovery), (f"/apis/{TRANSCRIPT_GROUP}",
                                                          self.discovery),
                               ("/apis", self.discovery)):
@@ -269,7 +288,7 @@ class Transcripts:
                 self._follows[user.name] -= 1
                 if not self._follows[user.name]:
                     del self._follows[user.name]
-        run = await self._run(namespace, name)
+        run = await self._run(namespace, name, _uid_selected(request))
         if run is None:
             raise not_found(name)
         shown = await self._transcript(run)
@@ -283,11 +302,7 @@ class Transcripts:
         await self._authorize(user, Access("list", TRANSCRIPT_GROUP, TRANSCRIPT_VERSION,
                                            TRANSCRIPT_PLURAL, namespace))
         selector = request.query.get("labelSelector") or None
-        try:
-            asked = int(request.query.get("limit") or LIST_LIMIT)
-        except ValueError:
-            raise Answered(400, "BadRequest", "limit must be a whole number") from None
-        limit = LIST_LIMIT if asked <= 0 else min(asked, LIST_LIMIT)
+        limit = _limit(request)
         listed = await asyncio.to_thread(self._list_runs, namespace, selector, limit,
                                          request.query.get("continue") or None)
         shown = [await self._summary(r) for r in listed.get("items") or []]
@@ -303,7 +318,7 @@ class Transcripts:
                       ) -> web.StreamResponse:
         """Entries as they come, one JSON object per line, until the run settles (or for
         FOLLOW_SECONDS); an entry whose state changes is sent again."""
-        run = await self._run(namespace, name)
+        run = await self._run(namespace, name, _uid_selected(request))
         if run is None:
             raise not_found(name)
         response = web.StreamResponse(headers={"Content-Type": FOLLOW_CONTENT_TYPE,
@@ -348,7 +363,18 @@ class Transcripts:
         return transcript(run, await store.transcript_facts(self.engine,
                                                             run["metadata"]["uid"]))
 
-    async def _run(self, namespace: str, name: str) -> dict[str, Any] | None:
+    async def _run(self, namespace: str, name: str, uid: str | None = None
+                   ) -> dict[str, Any] | None:
+        """AgentRun `name` as the API server has it, else its record in the store (the
+        most recent run of that name: its AgentRun has been deleted); with `uid`, that run
+        of the name only."""
+        found = await self._agent_run(namespace, name)
+        if found is not None and uid in (None, found["metadata"]["uid"]):
+            return found
+        recorded = await self._recorded(namespace, name, uid)
+        return None if recorded is None else history.as_run(recorded)
+
+    async def _agent_run(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             found: Any = await asyncio.to_thread(
                 self._runs.get_namespaced_custom_object, GROUP, VERSION, namespace,
@@ -358,6 +384,63 @@ class Transcripts:
                 return None
             raise
         return dict(found)
+
+    async def _recorded(self, namespace: str, name: str, uid: str | None) -> store.Run | None:
+        """The store's record of run `name` in `namespace` (by uid, or the name's latest).
+        A uid of another namespace's run, or of another name, is not found: the caller
+        was authorized for this namespace and name only."""
+        if uid is None:
+            return await store.latest_named(self.engine, namespace, name)
+        recorded = await store.get_run(self.engine, uid)
+        if recorded is None or (recorded.namespace, recorded.name) != (namespace, name):
+            return None
+        return recorded
+
+    # -- the archive: runs.store.agentrun.dev (history.py) ------------------------------
+
+    async def record(self, request: web.Request, user: User) -> web.StreamResponse:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        _no_watch(request, history.RECORD_PLURAL)
+        await self._authorize(user, Access("get", TRANSCRIPT_GROUP, TRANSCRIPT_VERSION,
+                                           history.RECORD_PLURAL, namespace, name))
+        recorded = await self._recorded(namespace, name, _uid_selected(request))
+        if recorded is None:
+            raise not_found(name, RECORDS)
+        live = await self._agent_run(namespace, name)
+        shown = history.record(
+            recorded, await store.transcript_summary(self.engine, recorded.uid),
+            in_api_server=live is not None and live["metadata"]["uid"] == recorded.uid)
+        if _wants_table(request):
+            return web.json_response(_record_table([shown]))
+        return web.json_response(shown)
+
+    async def records(self, request: web.Request, user: User) -> web.StreamResponse:
+        namespace = request.match_info.get("namespace", "")
+        _no_watch(request, history.RECORD_PLURAL)
+        await self._authorize(user, Access("list", TRANSCRIPT_GROUP, TRANSCRIPT_VERSION,
+                                           history.RECORD_PLURAL, namespace))
+        try:
+            labels = history.label_selector(request.query.get("labelSelector"))
+            fields = history.field_selector(request.query.get("fieldSelector"))
+            after = history.decode_continue(request.query.get("continue"))
+            since = _since(request.query.get("since"))
+        except history.BadSelector as e:
+            raise bad_request(str(e)) from None
+        page = await store.run_records(self.engine, namespace or None, fields=fields,
+                                       since=since, matches=lambda r: labels(r.labels or {}),
+                                       limit=_limit(request), after=after)
+        shown = [history.record(r, await store.transcript_summary(self.engine, r.uid))
+                 for r in page.records]
+        meta: dict[str, Any] = {"resourceVersion": ""}
+        if page.after is not None:
+            meta["continue"] = history.encode_continue(page.after)
+        if _wants_table(request):
+            table = _record_table(shown)
+            table["metadata"] = meta
+            return web.json_response(table)
+        return web.json_response({"kind": f"{history.RECORD_KIND}List",
+                                  "apiVersion": TRANSCRIPT_API_VERSION, "metadata": meta,
+                                  "items": shown})
 
     def _list_runs(self, namespace: str, selector: str | None, limit: int,
                    token: str | None) -> dict[str, Any]:
@@ -388,10 +471,48 @@ def _list_meta(listed: dict[str, Any]) -> dict[str, Any]:
     return shown
 
 
-def _no_watch(request: web.Request) -> None:
+def _no_watch(request: web.Request, plural: str = TRANSCRIPT_PLURAL) -> None:
     if request.query.get("watch") in ("true", "1"):
+        hint = "; follow one with ?follow=true" if plural == TRANSCRIPT_PLURAL else ""
         raise Answered(405, "MethodNotAllowed",
-                       f"{RESOURCE} cannot be watched; follow one with ?follow=true")
+                       f"{plural}.{TRANSCRIPT_GROUP} cannot be watched{hint}")
+
+
+def _limit(request: web.Request) -> int:
+    """A page's size: `limit`, at most LIST_LIMIT (none or 0: LIST_LIMIT)."""
+    try:
+        asked = int(request.query.get("limit") or LIST_LIMIT)
+    except ValueError:
+        raise bad_request("limit must be a whole number") from None
+    return LIST_LIMIT if asked <= 0 else min(asked, LIST_LIMIT)
+
+
+def _uid_selected(request: web.Request) -> str | None:
+    """The uid a get names with ?fieldSelector=metadata.uid=<uid> (any other run of the
+    name than its most recent), else None."""
+    try:
+        fields = history.field_selector(request.query.get("fieldSelector"))
+    except history.BadSelector as e:
+        raise bad_request(str(e)) from None
+    uids = [f.value for f in fields if f.column == "uid" and f.equal]
+    if len(fields) != len(uids) or len(uids) > 1:
+        raise bad_request("a get selects a run only by metadata.uid=<uid>")
+    return uids[0] if uids else None
+
+
+def _since(value: str | None) -> datetime | None:
+    """`since` (RFC 3339, or a duration such as 24h, 30m, 7d: that long ago)."""
+    if not value:
+        return None
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if value[-1:] in units and value[:-1].isdigit():
+        return datetime.now(UTC) - timedelta(seconds=int(value[:-1]) * units[value[-1]])
+    try:
+        at = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise history.BadSelector(
+            f"since {value!r} is neither a time (RFC 3339) nor a duration (24h)") from None
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
 
 
 def _phase(run: dict[str, Any]) -> str:
@@ -423,20 +544,47 @@ def _table(transcripts: list[dict[str, Any]]) -> dict[str, Any]:
                ("Tool-Calls", "integer", "", "Tool calls of the run's attempts"),
                ("Result", "string", "", "The answer's first words"),
                ("Age", "string", "", "Since the AgentRun was created")]
-    rows = []
+    rows: list[tuple[list[Any], dict[str, Any]]] = []
     for t in transcripts:
         # A whole transcript (get) or a summary (list): the same columns, from either.
         meta, used, result = t["metadata"], t.get("usage") or {}, t.get("result") or {}
         answer = result.get("text") or result.get("preview") or ""
-        rows.append({"cells": [meta.get("name"), t["run"]["phase"], used.get("modelCalls", 0),
-                               used.get("toolCalls", 0), preview(answer),
-                               _age(meta.get("creationTimestamp"), now)],
-                     "object": {"kind": "PartialObjectMetadata",
-                                "apiVersion": "meta.k8s.io/v1", "metadata": meta}})
+        rows.append(([meta.get("name"), t["run"]["phase"], used.get("modelCalls", 0),
+                      used.get("toolCalls", 0), preview(answer),
+                      _age(meta.get("creationTimestamp"), now)], meta))
+    return _k8s_table(columns, rows)
+
+
+def _k8s_table(columns: list[tuple[str, str, str, str]],
+               rows: list[tuple[list[Any], dict[str, Any]]]) -> dict[str, Any]:
+    """A meta.k8s.io Table: its columns (name, type, format, description) and its rows
+    (cells, the object's metadata)."""
     return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": ""},
             "columnDefinitions": [{"name": n, "type": k, "format": f, "description": d,
                                    "priority": 0} for n, k, f, d in columns],
-            "rows": rows}
+            "rows": [{"cells": cells, "object": {"kind": "PartialObjectMetadata",
+                                                 "apiVersion": "meta.k8s.io/v1",
+                                                 "metadata": meta}}
+                     for cells, meta in rows]}
+
+
+def _record_table(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """A meta.k8s.io Table of RunRecords, for `kubectl get runs.store.agentrun.dev`."""
+    now = datetime.now(UTC)
+    columns = [("Name", "string", "name", "The run's name"),
+               ("Phase", "string", "", "How the run ended (or where it is)"),
+               ("Reason", "string", "", "Why"),
+               ("Tools-Executed", "string", "", "The tools the run called"),
+               ("Agent", "string", "", "The agent it ran"),
+               ("Age", "string", "", "Since the run was created")]
+    rows: list[tuple[list[Any], dict[str, Any]]] = []
+    for r in records:
+        meta, status = r["metadata"], r["status"]
+        tools = status.get("toolsExecuted")
+        rows.append(([meta["name"], status.get("phase"), status.get("reason") or "",
+                      "<unknown>" if tools is None else ",".join(tools) or "<none>",
+                      r["spec"].get("agent"), _age(meta.get("creationTimestamp"), now)], meta))
+    return _k8s_table(columns, rows)
 
 
 async def serve_transcripts(listen: str, engine: AsyncEngine, api: client.ApiClient, *,

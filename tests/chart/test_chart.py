@@ -640,8 +640,11 @@ OPERATOR_RIGHTS: list[tuple[tuple[str, ...], bool]] = [
     (("watch", "agentrunschedules.agentrun.dev", "-A"), True),
     (("update", "agentrunschedules.agentrun.dev", "--subresource=status", "-n", "tenant"),
      True),
-    # A schedule's settled runs beyond its history limits.
+    # A schedule's settled runs beyond its history limits; a settled run past its time to
+    # live, with its replays and approvals (ttl.py).
     (("delete", "agentruns.agentrun.dev", "-n", "tenant"), True),
+    (("delete", "agentrunreplays.agentrun.dev", "-n", "tenant"), True),
+    (("delete", "agentrunapprovals.agentrun.dev", "-n", "tenant"), True),
     (("get", "secrets", "-n", "tenant"), True),  # input files (operator.namespaces empty)
     (("get", "configmaps", "-n", "tenant"), True),
     # Approvals: watched, their verdict written; never created (people decide).
@@ -653,7 +656,6 @@ OPERATOR_RIGHTS: list[tuple[tuple[str, ...], bool]] = [
     (("create", "subjectaccessreviews.authorization.k8s.io"), True),
     # Nothing it does not need.
     (("delete", "agentrunschedules.agentrun.dev", "-n", "tenant"), False),
-    (("delete", "agentrunreplays.agentrun.dev", "-n", "tenant"), False),
     (("list", "secrets", "-n", "tenant"), False),
     (("delete", "nodes"), False),
 ]

@@ -66,10 +66,11 @@ per namespace of operator.namespaces, or a ClusterRole when it is empty).
 - apiGroups: [agentrun.dev]
   resources: [agentruns, agentrunreplays, agentrunschedules]
   verbs: [get, list, watch, create, patch, update]
-# A schedule's settled runs beyond its history limits (with the run's uid as a
-# precondition; its finalizer keeps it until the store holds its record).
+# A schedule's settled runs beyond its history limits, and a settled run past its time
+# to live with its replays and approvals (always with the object's uid as a precondition;
+# a run's finalizer keeps it until the store holds its record).
 - apiGroups: [agentrun.dev]
-  resources: [agentruns]
+  resources: [agentruns, agentrunreplays, agentrunapprovals]
   verbs: [delete]
 # The status is written whole (update, with the resourceVersion as precondition); patch
 # for a replay's status when no resourceVersion is at hand.

@@ -1,0 +1,151 @@
+"""A settled run's time to live (spec.ttlSecondsAfterFinished, else the operator's
+--run-ttl-after-finished): the run leaves the API server with its replays and approvals,
+its record stays in the store; an operator that was down when a time to live ran out
+deletes the run when it is back, once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from agentrun_devtools.controlplane import ControlPlane
+from agentrun_devtools.processes import wait_for
+
+from agentrun import store
+from agentrun.vocabulary import GROUP, VERSION, Phase, ReplayPhase, ReplayReason, RunStatus
+from tests.harness import HAPPY, Operator, System, agent_run, in_namespace
+from tests.replay.conftest import create_replay, wait_decided
+
+APPROVALS = f"agentrunapprovals.{GROUP}"
+# Sends its email, then the model fails: Failed, with a tool executed.
+MAILED_THEN_FAILED = [
+    {"call": "send_email", "args": {"to": "customer-42@example.com", "body": "Refund on its way"}},
+    {"error": 400},
+]
+REPLAYS = f"agentrunreplays.{GROUP}"
+
+
+def _approval(namespace: str, name: str, run: str, approver: str) -> dict[str, object]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentRunApproval",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"runName": run, "seq": 1, "argsDigest": "sha256:" + "0" * 64,
+                     "decision": "Approve", "approver": approver}}
+
+
+def _gone(system: System, kind: str, namespace: str, name: str) -> bool:
+    return system.get(kind, namespace, name) is None
+
+
+def _expired_lines(*operators: Operator, run: str) -> list[str]:
+    """The operators' log lines saying they deleted `run` (namespace/name)."""
+    return [line for op in operators for line in op.log().splitlines()
+            if "event=expired" in line and f" run={run} " in f"{line} "]
+
+
+def test_a_run_past_its_ttl_leaves_with_its_replay_and_approvals_and_its_record_stays(
+    crds: ControlPlane, dev_node: object, store_url: str, solo_namespace: str, tmp_path: Path
+) -> None:
+    ns = solo_namespace
+    operator = Operator(crds, store_url, tmp_path / "op", (f"--namespace={ns}",)).start()
+    system = System(crds, store_url, operator)
+    try:
+        system.apply(in_namespace(agent_run("mailed", MAILED_THEN_FAILED,
+                                            ttlSecondsAfterFinished=5), ns))
+        system.apply(in_namespace(agent_run("kept", HAPPY), ns))
+        run = system.wait_run(ns, "mailed", lambda r: r["status"]["phase"] == Phase.FAILED
+                              and r["status"]["toolsExecuted"] is not None)
+        assert run["status"]["toolsExecuted"] == ["send_email"], run["status"]
+        uid = run["metadata"]["uid"]
+        # A replay of it is decided while it is still there; an approval names it.
+        create_replay(system, ns, "again", "mailed")
+        replay = wait_decided(system, ns, "again")
+        assert (replay["status"]["phase"], replay["status"]["reason"]) == (
+            ReplayPhase.REFUSED, ReplayReason.TOOLS_EXECUTED)
+        system.kubectl("create", "-f", "-", input=json.dumps(
+            _approval(ns, "mailed-1", "mailed", "ttl-boss")), as_user="ttl-boss",
+            as_groups=["system:masters"])
+
+        wait_for(lambda: _gone(system, f"agentruns.{GROUP}", ns, "mailed"), timeout=60,
+                 what="the run deleted after its time to live")
+        assert _gone(system, REPLAYS, ns, "again")
+        assert _gone(system, APPROVALS, ns, "mailed-1")
+        assert len(_expired_lines(operator, run=f"{ns}/mailed")) == 1, operator.log()[-3000:]
+        # The record, the ledger and the email stay.
+        record = system.store(lambda e: store.get_run(e, uid))
+        assert record is not None and record.status == RunStatus.FAILED
+        assert record.tools_executed == ["send_email"]
+        assert len(system.emails("mailed")) == 1
+        # A replay names the deleted run: decided from the store's record by the same
+        # table, and a forced one runs again on the input snapshot.
+        create_replay(system, ns, "after", "mailed")
+        after = wait_decided(system, ns, "after")
+        assert (after["status"]["phase"], after["status"]["reason"]) == (
+            ReplayPhase.REFUSED, ReplayReason.TOOLS_EXECUTED), after["status"]
+        create_replay(system, ns, "forced", "mailed", force=True)
+        forced = wait_decided(system, ns, "forced")
+        assert forced["status"]["phase"] == ReplayPhase.APPROVED, forced["status"]
+        again = system.wait_run(ns, forced["status"]["replayRunName"], lambda r: r[
+            "status"]["phase"] in Phase.TERMINAL and r["status"]["toolsExecuted"] is not None)
+        assert again["status"]["toolsExecuted"] == ["send_email"], again["status"]
+        assert again["spec"]["replayOf"] == "mailed"
+        assert again["status"]["inputDigest"] == run["status"]["inputDigest"]
+        assert len(system.emails(again["metadata"]["name"])) == 1
+        # A deleted run that called no tool: its replay is approved.
+        system.apply(in_namespace(agent_run("quiet", [{"error": 400}],
+                                            ttlSecondsAfterFinished=2), ns))
+        system.wait_phase(ns, "quiet", Phase.FAILED)
+        wait_for(lambda: _gone(system, f"agentruns.{GROUP}", ns, "quiet"), timeout=60,
+                 what="the quiet run deleted after its time to live")
+        create_replay(system, ns, "quiet-again", "quiet")
+        quiet = wait_decided(system, ns, "quiet-again")
+        assert (quiet["status"]["phase"], quiet["status"]["reason"]) == (
+            ReplayPhase.APPROVED, ReplayReason.NO_TOOLS_EXECUTED), quiet["status"]
+        # No default here: a run without a time to live stays.
+        kept = system.wait_phase(ns, "kept", Phase.SUCCEEDED, Phase.FAILED)
+        assert "ttlSecondsAfterFinished" not in kept["spec"]
+        assert not _expired_lines(operator, run=f"{ns}/kept")
+    finally:
+        operator.stop()
+
+
+def test_the_default_applies_without_a_spec_write_and_a_restart_deletes_each_run_once(
+    crds: ControlPlane, dev_node: object, store_url: str, solo_namespace: str, tmp_path: Path
+) -> None:
+    ns = solo_namespace
+    args = (f"--namespace={ns}", "--run-ttl-after-finished=8")
+    first = Operator(crds, store_url, tmp_path / "op1", args).start()
+    system = System(crds, store_url, first)
+    try:
+        system.apply(in_namespace(agent_run("by-default", HAPPY), ns))
+        system.apply(in_namespace(agent_run("own-ttl", HAPPY, ttlSecondsAfterFinished=3600),
+                                  ns))
+        for name in ("by-default", "own-ttl"):
+            run = system.wait_phase(ns, name, Phase.SUCCEEDED, Phase.FAILED)
+            assert run["status"]["phase"] == Phase.SUCCEEDED, run["status"]
+        # The default is the operator's, never written into the run.
+        assert "ttlSecondsAfterFinished" not in system.run(ns, "by-default")["spec"]
+    finally:
+        first.stop()
+    assert not _expired_lines(first, run=f"{ns}/by-default"), first.log()[-3000:]
+    # Down past the time to live: the run is still there.
+    finished = system.run(ns, "by-default")["status"]["finishedAt"]
+    wait_for(lambda: _seconds_since(finished) > 9, timeout=30, what="the TTL run out")
+    assert system.get(f"agentruns.{GROUP}", ns, "by-default") is not None
+
+    second = Operator(crds, store_url, tmp_path / "op2", args).start()
+    system = System(crds, store_url, second)
+    try:
+        wait_for(lambda: _gone(system, f"agentruns.{GROUP}", ns, "by-default"), timeout=60,
+                 what="the run past its TTL deleted by the restarted operator")
+        assert len(_expired_lines(first, second, run=f"{ns}/by-default")) == 1, second.log()[-3000:]
+        assert system.run(ns, "own-ttl")["status"]["phase"] == Phase.SUCCEEDED
+        assert not _expired_lines(first, second, run=f"{ns}/own-ttl")
+    finally:
+        second.stop()
+
+
+def _seconds_since(stamp: str) -> float:
+    import datetime
+
+    then = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    return (datetime.datetime.now(datetime.UTC) - then).total_seconds()

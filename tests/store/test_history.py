@@ -1,0 +1,122 @@
+"""The run archive in the store (store/history.py, agentrun/history.py), on Postgres and
+SQLite: newest first in keyset pages, column conditions in SQL, label selectors over the
+labels a run had at launch, and a name's most recent run."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from agentrun import history, store
+from agentrun.store.schema import runs
+from agentrun.vocabulary import RunStatus
+
+T = TypeVar("T")
+T0 = datetime.datetime(2026, 12, 1, 9, 0, tzinfo=datetime.UTC)
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    url = request.getfixturevalue("postgres_url") if request.param == "postgres" else \
+        f"sqlite:///{tmp_path / 'agentrun.db'}"
+    asyncio.run(store.migrate(url))
+    yield url
+
+
+def _on(url: str, fn: Callable[[AsyncEngine], Awaitable[T]]) -> T:
+    async def go() -> T:
+        engine = store.make_engine(url)
+        try:
+            return await fn(engine)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(go())
+
+
+async def _record(engine: AsyncEngine, uid: str, namespace: str, name: str, minute: int,
+                  *, labels: dict[str, str] | None = None, agent: str = "support-agent",
+                  status: str = RunStatus.SUCCEEDED) -> None:
+    await store.record_run(engine, uid, namespace, name, agent, "manual", "alice", None,
+                           labels=labels, annotations={"team": "a"})
+    async with engine.begin() as conn:
+        await conn.execute(update(runs).where(runs.c.uid == uid).values(
+            created_at=T0 + datetime.timedelta(minutes=minute), status=status))
+
+
+def test_pages_are_newest_first_and_continue_where_they_ended(store_url: str) -> None:
+    async def go(e: AsyncEngine) -> None:
+        for i in range(25):
+            await _record(e, f"uid-{i:03d}", "team-a", f"run-{i}", i,
+                          labels={"tier": "gold" if i % 5 == 0 else "bronze"})
+        await _record(e, "uid-b", "team-b", "run-b", 30)
+        seen, after, pages = [], None, 0
+        while True:
+            page = await store.run_records(e, "team-a", limit=10, after=after)
+            seen += [r.name for r in page.records]
+            pages += 1
+            after = history.decode_continue(history.encode_continue(page.after))
+            if page.after is None:
+                break
+        assert pages == 3
+        assert seen == [f"run-{i}" for i in range(24, -1, -1)]  # newest first, each once
+        # A page that ends exactly at the last record says there is no more.
+        whole = await store.run_records(e, "team-a", limit=25)
+        assert len(whole.records) == 25 and whole.after is None
+        # Every namespace: team-b's run too.
+        assert (await store.run_records(e, None, limit=1)).records[0].name == "run-b"
+
+    _on(store_url, go)
+
+
+def test_selectors_filter_in_the_store(store_url: str) -> None:
+    async def go(e: AsyncEngine) -> None:
+        for i in range(12):
+            await _record(e, f"u{i:02d}", "team-a", f"run-{i}", i,
+                          labels={"tier": "gold" if i % 4 == 0 else "bronze"},
+                          status=RunStatus.FAILED if i % 3 == 0 else RunStatus.SUCCEEDED,
+                          agent="triage" if i == 7 else "support-agent")
+        gold = history.label_selector("tier=gold")
+        page = await store.run_records(e, "team-a", limit=2,
+                                       matches=lambda r: gold(r.labels or {}))
+        assert [r.name for r in page.records] == ["run-8", "run-4"] and page.after
+        rest = await store.run_records(e, "team-a", limit=2, after=page.after,
+                                       matches=lambda r: gold(r.labels or {}))
+        assert [r.name for r in rest.records] == ["run-0"] and rest.after is None
+        failed = await store.run_records(
+            e, "team-a", fields=history.field_selector("status.phase=Failed"), limit=50)
+        assert [r.name for r in failed.records] == ["run-9", "run-6", "run-3", "run-0"]
+        not_support = await store.run_records(
+            e, "team-a", fields=history.field_selector("spec.agent!=support-agent"))
+        assert [r.name for r in not_support.records] == ["run-7"]
+        by_uid = await store.run_records(
+            e, None, fields=history.field_selector("metadata.uid=u05"))
+        assert [r.name for r in by_uid.records] == ["run-5"]
+        since = await store.run_records(e, "team-a",
+                                        since=T0 + datetime.timedelta(minutes=10))
+        assert [r.name for r in since.records] == ["run-11", "run-10"]
+        record = history.record(by_uid.records[0])
+        assert record["kind"] == "RunRecord" and record["status"]["phase"] == "Succeeded"
+        assert record["metadata"]["labels"] == {"tier": "bronze"}
+        assert record["metadata"]["annotations"] == {"team": "a"}
+
+    _on(store_url, go)
+
+
+def test_a_name_used_again_serves_its_most_recent_run(store_url: str) -> None:
+    async def go(e: AsyncEngine) -> None:
+        await _record(e, "first", "team-a", "nightly", 1)
+        await _record(e, "second", "team-a", "nightly", 2)
+        await _record(e, "elsewhere", "team-b", "nightly", 3)
+        found = await store.latest_named(e, "team-a", "nightly")
+        assert found is not None and found.uid == "second"
+        assert await store.latest_named(e, "team-a", "other") is None
+
+    _on(store_url, go)
