@@ -166,12 +166,13 @@ BENCH_BACKGROUND ?= $(if $(BENCH_QUICK),200,2000)
 BENCH_N ?= $(if $(BENCH_QUICK),200,2000)
 BENCH_LEVELS ?= $(if $(BENCH_QUICK),200$(comma)500,1000$(comma)2500$(comma)5000)
 comma := ,
-# A quick pass prints its figures and leaves bench/results/ alone.
+# Each benchmark prints its figures and writes them to ~/.cache/agentrun/bench/ (outside the
+# tree; docs/development.md, Benchmarks); a quick pass only prints them.
 BENCH_OUT := $(if $(BENCH_QUICK),--out -)
 
 .PHONY: bench
 bench: venv controlplane ## benchmarks: ledger cost; a tenant's ledger writes while another floods the store API; eviction latency idle and under load, throughput beside the Job controller; the operator at rest at scale; resume; status writes of live usage and approval latency; schedules; the transcript API's latency
-	$(PY) bench/ledger.py
+	$(PY) bench/ledger.py $(BENCH_OUT)
 	$(PY) bench/store_flood.py $(BENCH_OUT)
 	$(PY) bench/eviction.py --trials $(BENCH_TRIALS) $(BENCH_OUT)
 	$(PY) bench/eviction.py --trials $(BENCH_TRIALS) --background $(BENCH_BACKGROUND) $(BENCH_OUT)
@@ -183,7 +184,7 @@ bench: venv controlplane ## benchmarks: ledger cost; a tenant's ledger writes wh
 	$(PY) bench/transcript.py --trials $(if $(BENCH_QUICK),10,50) $(BENCH_OUT)
 
 # Eviction latency on the real node (root; the cluster make test-e2e installs), beside the
-# Job controller: bench/results/eviction-realnode-<date>.txt.
+# Job controller: ~/.cache/agentrun/bench/eviction-realnode-<time>.txt.
 .PHONY: bench-real-node
 bench-real-node: venv controlplane ## eviction -> Failed on a real kubelet and containerd, beside the Job controller
 	bash devtools/realnode/build.sh
@@ -191,7 +192,7 @@ bench-real-node: venv controlplane ## eviction -> Failed on a real kubelet and c
 
 # The chaos soak (not part of `make test`): SOAK_RUNS runs under seeded faults, then the
 # invariant checker; exits non-zero when a must-be-0 figure is not 0. SOAK_STORE=sqlite for
-# the embedded store; the figures go to bench/results/soak-<store>-<date>.txt.
+# the embedded store; the figures go to ~/.cache/agentrun/bench/soak-<store>-<time>.txt.
 SOAK_RUNS ?= 200
 SOAK_SEED ?= 1
 SOAK_STORE ?= postgres

@@ -28,7 +28,9 @@ development node has (64). Where their pods go is `--background-pods`:
   (park-node is full). Live runs on nodes, what a cluster has.
 - `unschedulable`: nowhere; their pods stay Unschedulable. kube-scheduler then retries
   every one of them each time an assigned pod is deleted (a trial's eviction), on the
-  same two cores (bench/results/scheduler-requeue-probe-2026-12-01.txt).
+  same two cores (a probe of 2026-12-01, no operator: 2,000 unschedulable pods, 10
+  assigned pods created and deleted in 30 s, made kube-scheduler take 20,000 schedule
+  attempts and 15% of a core, against 0.2% with nothing happening).
 
 We wait until every run says so and the operator has gone quiet, then run the trials
 as above. The
@@ -38,8 +40,9 @@ the figures: the CPU of the operator, the development node and the control plane
 the trials, the operator's uptime at each trial (to place its resyncs), and how many
 background runs and pods changed during the trials.
 
-The output goes to stdout and to `--out` (default bench/results/eviction-<date>.txt, or
-eviction-background<N>-<date>.txt; `--out -` for stdout only).
+The output goes to stdout and to `--out` (default eviction-<time>.txt, or
+eviction-background<N>-<pods>-<time>.txt, in ~/.cache/agentrun/bench/ as
+docs/development.md says; `--out -` for stdout only).
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ from agentrun_devtools.cluster import start_dev_node  # noqa: E402
 from agentrun_devtools.controlplane import ControlPlane  # noqa: E402
 from agentrun_devtools.postgres import Postgres  # noqa: E402
 from agentrun_devtools.processes import wait_for  # noqa: E402
+from agentrun_devtools.stats import results_file  # noqa: E402
 from kubernetes import client, config, watch  # noqa: E402
 
 from agentrun import store  # noqa: E402
@@ -86,7 +90,6 @@ from throughput import (  # noqa: E402
     cpu_ticks,
     create_many,
     create_namespace,
-    default_out,
     load,
 )
 
@@ -282,11 +285,12 @@ def main() -> int:
                         default="bound", help="where the background runs' pods are")
     parser.add_argument("--check-interval", type=float,
                         help="the operator's --check-interval (default: its own, 300 s)")
-    parser.add_argument("--out", help="results file (default bench/results/eviction[-"
-                                      "background<N>]-<date>.txt; '-' for stdout only)")
+    parser.add_argument("--out", help="results file (default ~/.cache/agentrun/bench/"
+                                      "eviction[-background<N>-<pods>]-<time>.txt; '-' for "
+                                      "stdout only)")
     args = parser.parse_args()
-    out = default_out(f"eviction-background{args.background}-{args.background_pods}"
-                      if args.background else "eviction", args.out)
+    out = results_file(f"eviction-background{args.background}-{args.background_pods}"
+                       if args.background else "eviction", args.out)
     say = Report()
 
     work = Path(tempfile.mkdtemp(prefix="agentrun-bench-"))

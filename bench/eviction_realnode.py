@@ -25,7 +25,8 @@ status, the runner's log, the store API's pod and endpoints, kube-proxy's rules)
 counted; the trials go on.
 
 The output goes to stdout and to `--out` (default
-bench/results/eviction-realnode-<date>.txt; `--out -` for stdout only).
+~/.cache/agentrun/bench/eviction-realnode-<time>.txt as docs/development.md says; `--out -`
+for stdout only).
 """
 
 from __future__ import annotations
@@ -45,9 +46,10 @@ for extra in (ROOT / "devtools", ROOT, Path(__file__).resolve().parent):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 
+from agentrun_devtools.stats import results_file  # noqa: E402
 from eviction import latency_table, timed_eviction  # noqa: E402
 from kubernetes import client, config  # noqa: E402
-from throughput import Report, default_out, load  # noqa: E402
+from throughput import Report, load  # noqa: E402
 
 from e2e.install import (  # noqa: E402
     EMAIL,
@@ -150,13 +152,13 @@ def job_trial(cluster: Cluster, core: client.CoreV1Api, batch: client.BatchV1Api
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=10)
-    parser.add_argument("--out", help="results file (default bench/results/"
-                                      "eviction-realnode-<date>.txt; '-' for stdout only)")
+    parser.add_argument("--out", help="results file (default ~/.cache/agentrun/bench/"
+                                      "eviction-realnode-<time>.txt; '-' for stdout only)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("the real node needs root", file=sys.stderr)
         return 2
-    out = default_out("eviction-realnode", args.out)
+    out = results_file("eviction-realnode", args.out)
     say = Report()
     root = Path(tempfile.mkdtemp(prefix="agentrun-bench-realnode-"))
     ok = False

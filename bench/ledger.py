@@ -37,8 +37,8 @@ bound to that pod by TokenRequest, exactly what the store API verifies in a clus
    turn that calls the tool rides on that open as well (StoreSessionService with
    turns_ride_on_open, as runners have it).
 
-The output goes to stdout and to `--out` (default bench/results/ledger-<date>.txt;
-`--out -` for stdout only).
+The output goes to stdout and to `--out` (default ~/.cache/agentrun/bench/ledger-<time>.txt
+as docs/development.md says; `--out -` for stdout only).
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ for extra in (ROOT / "devtools", ROOT / "runner-image", ROOT / "store-api-image"
 
 from agentrun_devtools.controlplane import ControlPlane  # noqa: E402
 from agentrun_devtools.postgres import Postgres  # noqa: E402
+from agentrun_devtools.stats import results_file, write_results  # noqa: E402
 from agentrun_runner.ledger import WriteAheadLedger  # noqa: E402
 from agentrun_runner.retries import CallWatch, ModelRetries  # noqa: E402
 from agentrun_runner.scripted import ScriptedLlm  # noqa: E402
@@ -578,15 +579,14 @@ def main() -> int:
                         help="first calls with an unverified token, per kind")
     parser.add_argument("--calls", type=int, default=21, help="tool calls per ADK run")
     parser.add_argument("--runs", type=int, default=25, help="ADK runs per variant")
-    parser.add_argument("--out", help="results file (default bench/results/ledger-<date>.txt;"
-                                      " '-' for stdout only)")
+    parser.add_argument("--out", help="results file (default ~/.cache/agentrun/bench/"
+                                      "ledger-<time>.txt; '-' for stdout only)")
     args = parser.parse_args()
     if args.calls < 2 or args.writes < 2 or args.first < 2:
         parser.error("--calls, --writes and --first must be at least 2")
     if args.runs * (args.calls - 1) < 2:
         parser.error("--runs x (--calls - 1), the round trips per variant, must be at least 2")
-    out = (None if args.out == "-" else Path(args.out) if args.out else
-           ROOT / "bench" / "results" / f"ledger-{datetime.date.today().isoformat()}.txt")
+    out = results_file("ledger", args.out)
 
     say = Report()
     work = Path(tempfile.mkdtemp(prefix="agentrun-bench-ledger-"))
@@ -624,10 +624,7 @@ def main() -> int:
                 print(f"bench failed; logs kept in {work}", file=sys.stderr)
     if ok:
         shutil.rmtree(work, ignore_errors=True)
-        if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text("\n".join(say.lines) + "\n")
-            print(f"\nwritten to {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+        write_results("\n".join(say.lines), out)
     return 0
 
 

@@ -43,7 +43,7 @@ from agentrun_devtools.cluster import start_dev_node  # noqa: E402
 from agentrun_devtools.controlplane import ControlPlane  # noqa: E402
 from agentrun_devtools.postgres import Postgres  # noqa: E402
 from agentrun_devtools.processes import wait_for  # noqa: E402
-from agentrun_devtools.stats import pct  # noqa: E402
+from agentrun_devtools.stats import pct, results_file, write_results  # noqa: E402
 from kubernetes import client, config, watch  # noqa: E402
 
 from agentrun import store  # noqa: E402
@@ -105,9 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--approvals", type=int, default=20)
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" /
-                                        f"outcome-{datetime.date.today()}.txt"))
+    p.add_argument("--out", help="results file (default ~/.cache/agentrun/bench/"
+                             "outcome-<time>.txt; '-' for stdout only)")
     args = p.parse_args(argv)
+    out = results_file("outcome", args.out)
     work = Path(tempfile.mkdtemp(prefix="agentrun-bench-outcome-"))
     postgres = Postgres().start()
     plane = ControlPlane(work / "cp").start()
@@ -198,8 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         text = "\n".join(lines) + "\n"
         print(text)
-        if args.out != "-":
-            Path(args.out).write_text(text)
+        write_results(text, out)
         return 0
     finally:
         if operator is not None:

@@ -24,8 +24,8 @@ compared before and after):
 
 The goals (at 5,000 live runs): RSS <= 250 MB, CPU <= 5% of a core.
 
-The output goes to stdout and to `--out` (default bench/results/scale-<date>.txt; `--out -`
-for stdout only).
+The output goes to stdout and to `--out` (default ~/.cache/agentrun/bench/scale-<time>.txt
+as docs/development.md says; `--out -` for stdout only).
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ for extra in (BENCH, BENCH.parent / "devtools", BENCH.parent):
 
 from agentrun_devtools.controlplane import ControlPlane  # noqa: E402
 from agentrun_devtools.postgres import Postgres  # noqa: E402
+from agentrun_devtools.stats import results_file  # noqa: E402
 from kubernetes import client  # noqa: E402
 from throughput import (  # noqa: E402
     CLK_TCK,
@@ -63,7 +64,6 @@ from throughput import (  # noqa: E402
     cpu_ticks,
     create_many,
     create_namespace,
-    default_out,
     load,
     rss_kib,
     thread_ticks,
@@ -264,13 +264,13 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=8, help="concurrent create calls")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work directory (the operator's log) afterwards")
-    parser.add_argument("--out", help="results file (default bench/results/scale-<date>.txt;"
-                                      " '-' for stdout only)")
+    parser.add_argument("--out", help="results file (default ~/.cache/agentrun/bench/"
+                                      "scale-<time>.txt; '-' for stdout only)")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",") if x]
     if levels != sorted(levels):
         parser.error("--levels must increase")
-    out = default_out("scale", args.out)
+    out = results_file("scale", args.out)
     say = Report()
     work = Path(tempfile.mkdtemp(prefix="agentrun-bench-scale-"))
     ok = False

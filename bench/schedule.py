@@ -31,7 +31,8 @@ whole minutes from the first slot at which every schedule exists:
   same way.
 
 Figures only: no goal is asserted. The output goes to stdout and to `--out` (default
-bench/results/schedule-<date>.txt; `--out -` for stdout only).
+~/.cache/agentrun/bench/schedule-<time>.txt as docs/development.md says; `--out -` for
+stdout only).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ for extra in (BENCH, BENCH.parent / "devtools", BENCH.parent):
 from agentrun_devtools.controlplane import ControlPlane  # noqa: E402
 from agentrun_devtools.postgres import Postgres  # noqa: E402
 from agentrun_devtools.stats import pct as percentile  # noqa: E402
+from agentrun_devtools.stats import results_file  # noqa: E402
 from kubernetes import client  # noqa: E402
 from throughput import (  # noqa: E402
     CLK_TCK,
@@ -70,7 +72,6 @@ from throughput import (  # noqa: E402
     cpu_ticks,
     create_many,
     create_namespace,
-    default_out,
     load,
     rss_kib,
 )
@@ -291,13 +292,13 @@ def main() -> int:
                         help=f"comma-separated, of {', '.join(SCENARIOS)}")
     parser.add_argument("--threads", type=int, default=8, help="concurrent create calls")
     parser.add_argument("--keep", action="store_true", help="keep the operator's log")
-    parser.add_argument("--out", help="results file (default bench/results/schedule-<date>"
-                                      ".txt; '-' for stdout only)")
+    parser.add_argument("--out", help="results file (default ~/.cache/agentrun/bench/"
+                                      "schedule-<time>.txt; '-' for stdout only)")
     args = parser.parse_args()
     chosen = [x for x in args.scenarios.split(",") if x]
     if not set(chosen) <= set(SCENARIOS):
         parser.error(f"--scenarios: of {', '.join(SCENARIOS)}")
-    out = default_out("schedule", args.out)
+    out = results_file("schedule", args.out)
     say = Report()
     say(f"bench/schedule.py, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, "
         f"{os.cpu_count()} CPUs, {args.schedules} schedules, {args.minutes} minutes each, "

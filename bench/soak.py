@@ -29,8 +29,9 @@ a must-be-0 figure is not 0, printing the runs concerned, their status, their le
 the operator log lines that name them. Also reported: wall time, the operators' peak RSS
 and CPU (both replicas, every process they were over the restarts).
 
-The output goes to stdout and to `--out` (default bench/results/soak-<store>-<date>.txt;
-`--out -` for stdout only).
+The output goes to stdout and to `--out` (default
+~/.cache/agentrun/bench/soak-<store>-<time>.txt as docs/development.md says; `--out -` for
+stdout only).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from agentrun_devtools.cluster import start_dev_node  # noqa: E402
 from agentrun_devtools.controlplane import ControlPlane  # noqa: E402
 from agentrun_devtools.postgres import Postgres  # noqa: E402
 from agentrun_devtools.processes import Child, ProcessDied, free_port, wait_for  # noqa: E402
+from agentrun_devtools.stats import results_file  # noqa: E402
 from agentrun_operator.decide import Original, decide, is_forced  # noqa: E402
 from kubernetes import client, watch  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
@@ -93,7 +95,6 @@ from throughput import (  # noqa: E402
     Report,
     api_client,
     create_namespace,
-    default_out,
     load,
 )
 
@@ -1015,7 +1016,7 @@ def main() -> int:
                         help="mean seconds between faults")
     parser.add_argument("--out")
     args = parser.parse_args()
-    out = default_out(f"soak-{args.store}", args.out)
+    out = results_file(f"soak-{args.store}", args.out)
     say = Report()
     work = Path(tempfile.mkdtemp(prefix="agentrun-soak-"))
     began = _now()

@@ -29,7 +29,8 @@ It prints B's p50/p95/p99 idle before, idle after, their pooled figure (the anch
 the flood's, with the flood's ratio to the anchor (the goal: p99 within 2x), and what
 A's requests got. A figure, not an assertion: tests/runner/test_store_api_limits.py checks
 the refusals themselves. The output goes to stdout and to `--out` (default
-bench/results/store-flood-<date>.txt; `--out -` for stdout only).
+~/.cache/agentrun/bench/store-flood-<time>.txt as docs/development.md says; `--out -` for
+stdout only).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ for extra in (ROOT / "devtools", ROOT / "runner-image", ROOT / "store-api-image"
         sys.path.insert(0, str(extra))
 
 import httpx  # noqa: E402
+from agentrun_devtools.stats import results_file, write_results  # noqa: E402
 
 from agentrun import store  # noqa: E402
 
@@ -203,8 +205,8 @@ def main() -> int:
                         help="seconds between two of B's ledger writes")
     parser.add_argument("--connections", type=int, default=8,
                         help="the flooding runner's requests at once")
-    parser.add_argument("--out", help="results file (default bench/results/store-flood-"
-                                      "<date>.txt; '-' for stdout only)")
+    parser.add_argument("--out", help="results file (default ~/.cache/agentrun/bench/"
+                                      "store-flood-<time>.txt; '-' for stdout only)")
     parser.add_argument("--flooder", nargs=4, metavar=("URL", "TOKEN_FILE", "SESSION", "CA"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -213,8 +215,7 @@ def main() -> int:
         return flood(url, Path(token_file), session, args.connections, Path(ca))
     if args.writes < 100:
         parser.error("--writes must be at least 100 (a p99 of fewer says little)")
-    out = (None if args.out == "-" else Path(args.out) if args.out else
-           ROOT / "bench" / "results" / f"store-flood-{datetime.date.today().isoformat()}.txt")
+    out = results_file("store-flood", args.out)
 
     from agentrun_devtools.controlplane import ControlPlane
     from agentrun_devtools.postgres import Postgres
@@ -345,10 +346,7 @@ def main() -> int:
                 print(f"bench failed; logs kept in {work}", file=sys.stderr)
     if ok:
         shutil.rmtree(work, ignore_errors=True)
-        if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text("\n".join(say.lines) + "\n")
-            print(f"\nwritten to {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+        write_results("\n".join(say.lines), out)
     return 0
 
 

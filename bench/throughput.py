@@ -26,8 +26,9 @@ half. `--variant FLAGS` (repeatable) runs one agentrun half per
 variant, each with a fresh operator started with FLAGS (e.g. --variant "" --variant
 "--workers=32"), one after the other, each cleaned up before the next.
 
-The output goes to stdout and to `--out` (default bench/results/throughput-<date>.txt;
-`--out -` for stdout only). The helpers here (creating many objects, counting pods as a
+The output goes to stdout and to `--out` (default
+~/.cache/agentrun/bench/throughput-<time>.txt as docs/development.md says; `--out -` for
+stdout only). The helpers here (creating many objects, counting pods as a
 watch shows them, CPU and memory from /proc) are shared with bench/scale.py and
 bench/eviction.py.
 """
@@ -59,6 +60,7 @@ for extra in (ROOT / "devtools", ROOT):
 from agentrun_devtools.controlplane import ControlPlane  # noqa: E402
 from agentrun_devtools.postgres import Postgres  # noqa: E402
 from agentrun_devtools.processes import wait_for  # noqa: E402
+from agentrun_devtools.stats import results_file, write_results  # noqa: E402
 from agentrun_operator.informer import watch_lines  # noqa: E402
 from kubernetes import client, config  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
@@ -87,19 +89,7 @@ class Report:
         print(line, flush=True)
 
     def write(self, out: Path | None) -> None:
-        if out is None:
-            return
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("\n".join(self.lines) + "\n")
-        print(f"\nwritten to {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
-
-
-def default_out(name: str, given: str | None) -> Path | None:
-    if given == "-":
-        return None
-    if given:
-        return Path(given)
-    return ROOT / "bench" / "results" / f"{name}-{datetime.date.today().isoformat()}.txt"
+        write_results("\n".join(self.lines), out)
 
 
 # -- the API ------------------------------------------------------------------------------
@@ -414,10 +404,10 @@ def main() -> int:
                              "the operator's defaults)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work directory (the operator's log) afterwards")
-    parser.add_argument("--out", help="results file (default bench/results/"
-                                      "throughput-<date>.txt; '-' for stdout only)")
+    parser.add_argument("--out", help="results file (default ~/.cache/agentrun/bench/"
+                                      "throughput-<time>.txt; '-' for stdout only)")
     args = parser.parse_args()
-    out = default_out("throughput", args.out)
+    out = results_file("throughput", args.out)
     say = Report()
     work = Path(tempfile.mkdtemp(prefix="agentrun-bench-throughput-"))
     ok = False

@@ -48,7 +48,7 @@ from agentrun_devtools.cluster import start_dev_node  # noqa: E402
 from agentrun_devtools.controlplane import ControlPlane  # noqa: E402
 from agentrun_devtools.postgres import Postgres  # noqa: E402
 from agentrun_devtools.processes import free_port  # noqa: E402
-from agentrun_devtools.stats import pct  # noqa: E402
+from agentrun_devtools.stats import pct, results_file, write_results  # noqa: E402
 from agentrun_devtools.transcript_api import TranscriptEndpoint  # noqa: E402
 
 from agentrun import store  # noqa: E402
@@ -85,9 +85,10 @@ def _get(connection: http.client.HTTPSConnection, path: str,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trials", type=int, default=50)
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" /
-                                        f"transcript-{datetime.date.today()}.txt"))
+    p.add_argument("--out", help="results file (default ~/.cache/agentrun/bench/"
+                             "transcript-<time>.txt; '-' for stdout only)")
     args = p.parse_args(argv)
+    out = results_file("transcript", args.out)
     work = Path(tempfile.mkdtemp(prefix="agentrun-bench-transcript-"))
     postgres = Postgres().start()
     plane = ControlPlane(work / "cp").start()
@@ -186,9 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         text = "\n".join(lines) + "\n"
         print(text)
-        if args.out != "-":
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(text)
+        write_results(text, out)
     finally:
         if operator is not None:
             transcript_api.unregister(plane)
