@@ -11,6 +11,31 @@ from agentrun_devtools.postgres import Postgres
 
 pytest_plugins = ["tests.cluster_fixtures"]
 
+# make test runs two pytest processes (pytest-xdist, --dist loadgroup): each test file is a
+# group of its own, so a file's module fixtures are made once, in one process. The
+# README's and the demo's flows hold the machine's dev-cluster lock (the_machines_dev_
+# cluster): they are one group, run one after the other in one process, never with one
+# process waiting on the other's lock. Groups are handed out in the order below, the
+# longest first, so that no long file starts last and runs alone at the end.
+_GROUPS = {"tests/replay/test_demo.py": "dev-cluster",
+           "tests/replay/test_readme.py": "dev-cluster"}
+_LONGEST_FIRST = ("tests/replay/test_demo.py", "tests/replay/test_readme.py",
+                  "tests/operator/test_schedules.py", "tests/runner/test_store_api_limits.py",
+                  "tests/operator/test_transcript.py", "tests/operator/test_restarts.py",
+                  "tests/replay/test_manual_resume.py", "tests/runner/test_litellm_provider.py")
+
+
+def _file_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_GROUPS.get(_file_of(item), _file_of(item))))
+    rank = {path: i for i, path in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_file_of(item), len(rank)))  # stable otherwise
+
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[Postgres]:

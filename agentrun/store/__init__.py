@@ -80,6 +80,7 @@ Sessions (ADK app names are qualified by namespace: session_app(namespace, agent
 
 Retention
     await purge_old_events(engine, older_than=90 days, batch=1000) -> int
+    await purge_old_runs(engine, older_than, batch=500) -> int     settled records and their rows
         ADK events past retention, in batches; sessions keep their shell
     await purge_expired_memory(engine) -> int           memory entries past their expiry
 
@@ -168,7 +169,7 @@ from agentrun.store.replays import (
     release_replay,
     replays_of,
 )
-from agentrun.store.retention import purge_expired_memory, purge_old_events
+from agentrun.store.retention import purge_expired_memory, purge_old_events, purge_old_runs
 from agentrun.store.runs import (
     Attempt,
     AttemptIdentity,
@@ -272,6 +273,7 @@ __all__ = [
     "pending_approval",
     "purge_expired_memory",
     "purge_old_events",
+    "purge_old_runs",
     "put_agent",
     "put_input",
     "record_invocation",

@@ -1,19 +1,35 @@
-"""Retention: ADK session events are purged after N days (default 90), in batches;
-memory entries when they expire.
+"""Retention (one setting, the chart's store.retention, default 90 days): ADK session
+events older than it, and the records of runs settled longer ago than it (the run, its
+attempts, ledger, results, usage, approvals and replay approvals), then the input
+snapshots no record names any more; memory entries when they expire. All in batches, each
+its own short transaction: runners write the ledger meanwhile, and a batch never holds
+locks on anything but the rows it deletes.
 
-Sessions keep their shell (the sessions row); the ledger and our run rows are kept, so
-toolsExecuted of an old run stays what it was when it was settled.
+Sessions keep their shell (the sessions row: a chat's later runs may continue it).
+Within retention, the ledger and our run rows are kept, so toolsExecuted of a run stays
+what it was when it was settled, and a replay of it is decided from them.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import delete, select, tuple_
+from sqlalchemy import delete, func, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun.store.adk_tables import events as _events
-from agentrun.store.schema import memory
+from agentrun.store.schema import (
+    approvals,
+    attempts,
+    inputs,
+    memory,
+    replays,
+    results,
+    runs,
+    tool_calls,
+    usage,
+)
+from agentrun.vocabulary import RunStatus
 
 DEFAULT_EVENT_RETENTION_DAYS = 90
 
@@ -47,3 +63,46 @@ async def purge_expired_memory(engine: AsyncEngine, now: datetime | None = None)
         result = await conn.execute(
             delete(memory).where(memory.c.expires_at <= (now or datetime.now(UTC))))
     return int(result.rowcount or 0)
+
+
+# The tables whose rows belong to one run, by their run_uid column; deleted with it.
+_OF_A_RUN = (tool_calls, results, usage, approvals, replays, attempts)
+
+
+async def purge_old_runs(engine: AsyncEngine, older_than: timedelta, batch: int = 500) -> int:
+    """Deletes the records of runs settled more than `older_than` ago (and what belongs to
+    each), `batch` runs per transaction; then the input snapshots older than that which no
+    record names. Returns how many runs were deleted. Live runs are never touched."""
+    cutoff = datetime.now(UTC) - older_than
+    settled = runs.c.status.not_in(sorted(RunStatus.LIVE))
+    ended = func.coalesce(runs.c.finished_at, runs.c.created_at) < cutoff
+    deleted = 0
+    while True:
+        async with engine.begin() as conn:
+            uids = [row[0] for row in await conn.execute(
+                select(runs.c.uid).where(settled, ended).limit(batch))]
+            if not uids:
+                break
+            for table in _OF_A_RUN:
+                await conn.execute(delete(table).where(table.c.run_uid.in_(uids)))
+            await conn.execute(delete(runs).where(runs.c.uid.in_(uids)))
+        deleted += len(uids)
+    await _purge_unnamed_inputs(engine, cutoff, batch)
+    return deleted
+
+
+async def _purge_unnamed_inputs(engine: AsyncEngine, cutoff: datetime, batch: int) -> int:
+    """Input snapshots taken before `cutoff` that no run's record names (a snapshot just
+    taken for a run being launched is newer than any cutoff)."""
+    named = select(runs.c.input_digest).where(runs.c.input_digest.is_not(None))
+    deleted = 0
+    while True:
+        async with engine.begin() as conn:
+            digests = [row[0] for row in await conn.execute(
+                select(inputs.c.digest).where(inputs.c.created_at < cutoff,
+                                              inputs.c.digest.not_in(named)).limit(batch))]
+            if not digests:
+                return deleted
+            # input_files go with them (ON DELETE CASCADE; SQLite: foreign keys on).
+            await conn.execute(delete(inputs).where(inputs.c.digest.in_(digests)))
+        deleted += len(digests)

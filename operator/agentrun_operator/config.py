@@ -85,8 +85,9 @@ class OperatorConfig:
     leader_election_seconds: float = 15.0
     metrics_port: int = 0  # 0: no metrics endpoint
     log_format: str = "text"  # or "json": one object per line (logs.py)
-    # ADK session events older than this are purged daily (0: never).
-    event_retention: datetime.timedelta = datetime.timedelta(days=90)
+    # Records of runs settled longer ago than this, and ADK session events older than it,
+    # are purged daily (0: never; the chart's store.retention).
+    retention: datetime.timedelta = datetime.timedelta(days=90)
     # The key of the input digests (HMAC), from a file (the chart mounts its Secret); None:
     # the one the run store made for this installation (store.installation_key).
     input_digest_key: bytes | None = None
@@ -199,10 +200,15 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
     p.add_argument("--log-format", choices=logs.FORMATS,
                    default=_env("AGENTRUN_LOG_FORMAT", "text"),
                    help="text (key=value) or json (one object per line)")
-    p.add_argument("--event-retention-days", type=float,
-                   default=float(_env("AGENTRUN_EVENT_RETENTION_DAYS", "90")),
-                   help="ADK session events older than this are purged daily, in batches "
-                        "(0: never); sessions keep their shell, the ledger is kept")
+    p.add_argument("--retention", type=retention_of,
+                   default=retention_of(_env("AGENTRUN_RETENTION",
+                                             _env("AGENTRUN_EVENT_RETENTION_DAYS", "90") + "d")),
+                   help="records of runs settled longer ago than this (their ledger, results, "
+                        "usage, approvals, input snapshots) and ADK session events older "
+                        "than it are purged daily, in batches: 90d, 36h, 0 (never)")
+    # The name of earlier releases, for events only; --retention covers both now.
+    p.add_argument("--event-retention-days", type=lambda v: retention_of(f"{v}d"),
+                   dest="retention", help=argparse.SUPPRESS)
     p.add_argument("--input-digest-key-file",
                    default=_env("AGENTRUN_INPUT_DIGEST_KEY_FILE", ""),
                    help="file holding the key of status.inputDigest (HMAC; the chart mounts "
@@ -286,10 +292,26 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
         leader_election_seconds=a.leader_election_seconds,
         metrics_port=a.metrics_port,
         log_format=a.log_format,
-        event_retention=datetime.timedelta(days=a.event_retention_days),
+        retention=a.retention,
         input_digest_key=key,
         model_prices=a.model_prices,
     )
+
+
+def retention_of(value: str) -> datetime.timedelta:
+    """A retention: a number of days (90d), hours (36h) or minutes (30m); 0: never."""
+    text = str(value).strip()
+    units = {"d": 86400.0, "h": 3600.0, "m": 60.0}
+    try:
+        if text in ("0", "0d", "0h", "0m"):
+            return datetime.timedelta(0)
+        if text[-1:] in units and float(text[:-1]) >= 0:
+            return datetime.timedelta(seconds=float(text[:-1]) * units[text[-1]])
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(
+        f"retention {value!r}: a number of days, hours or minutes, such as 90d, 36h or 30m "
+        "(0: never)")
 
 
 def model_prices_problem(raw: str) -> str:

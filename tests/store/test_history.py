@@ -120,3 +120,47 @@ def test_a_name_used_again_serves_its_most_recent_run(store_url: str) -> None:
         assert await store.latest_named(e, "team-a", "other") is None
 
     _on(store_url, go)
+
+
+def test_retention_deletes_old_records_with_their_rows_and_keeps_the_rest(
+    store_url: str,
+) -> None:
+    from sqlalchemy import func, select
+
+    from agentrun.store.schema import attempts, inputs, tool_calls
+
+    old = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=100)
+
+    async def go(e: AsyncEngine) -> None:
+        key = await store.installation_key(e)
+        digests = {}
+        for name in ("old-settled", "old-live", "new-settled"):
+            digests[name] = await store.put_input(e, f"input of {name}", key=key)
+            await store.record_run(e, name, "team-a", name, "support-agent", "manual",
+                                   "alice", digests[name])
+            await store.start_attempt(e, name, 1, f"s-{name}", f"{name}-1")
+            await store.open_call(e, name, 1, 1, "send_email", "c1", "sha256:" + "0" * 64)
+        orphan = await store.put_input(e, "a snapshot no record names", key=key)
+        async with e.begin() as conn:
+            await conn.execute(update(runs).where(runs.c.uid.in_(["old-settled", "old-live"]))
+                               .values(created_at=old))
+            await conn.execute(update(runs).where(runs.c.uid == "old-settled").values(
+                status=RunStatus.SUCCEEDED, finished_at=old))
+            await conn.execute(update(runs).where(runs.c.uid == "new-settled").values(
+                status=RunStatus.FAILED))
+            await conn.execute(update(inputs).values(created_at=old))
+
+        assert await store.purge_old_runs(e, datetime.timedelta(days=90), batch=1) == 1
+        kept = {r.uid for r in (await store.run_records(e, "team-a")).records}
+        assert kept == {"old-live", "new-settled"}  # a live run is never purged
+        async with e.connect() as conn:
+            calls = {r[0] for r in await conn.execute(select(tool_calls.c.run_uid))}
+            tried = {r[0] for r in await conn.execute(select(attempts.c.run_uid))}
+            snapshots = {r[0] for r in await conn.execute(select(inputs.c.digest))}
+            assert (await conn.execute(select(func.count()).select_from(runs))).scalar() == 2
+        assert calls == tried == {"old-live", "new-settled"}
+        assert snapshots == {digests["old-live"], digests["new-settled"]}
+        assert orphan not in snapshots
+        assert await store.purge_old_runs(e, datetime.timedelta(days=90)) == 0
+
+    _on(store_url, go)

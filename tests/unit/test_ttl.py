@@ -71,3 +71,22 @@ def test_a_replay_is_decided_when_nothing_is_left_to_decide(
     replay: dict[str, Any], decided: bool
 ) -> None:
     assert replay_decided(replay) is decided
+
+
+@pytest.mark.parametrize(("text", "days"), [
+    ("90d", 90.0), ("36h", 1.5), ("30m", 30 / 1440), ("0", 0.0), ("1.5d", 1.5),
+])
+def test_the_store_retention_reads_days_hours_and_minutes(text: str, days: float) -> None:
+    from agentrun_operator.config import retention_of
+
+    assert retention_of(text) == datetime.timedelta(days=days)
+
+
+@pytest.mark.parametrize("text", ["90", "2w", "d", "-3d "])
+def test_a_retention_it_cannot_read_says_what_it_takes(text: str) -> None:
+    import argparse
+
+    from agentrun_operator.config import retention_of
+
+    with pytest.raises(argparse.ArgumentTypeError, match="such as 90d, 36h or 30m"):
+        retention_of(text)
