@@ -18,8 +18,8 @@ from agentrun.vocabulary import (
     RunStatus,
 )
 from tests.harness import System, agent_run, email_then_wait, in_namespace
-from tests.replay.conftest import create_replay, wait_decided
-from tests.replay.test_kubectl_plugin import plugin
+from tests.kubectl_plugin import plugin
+from tests.replays import create_replay, wait_decided
 
 
 def _pod_gone(system: System, namespace: str, pod: str) -> bool:

@@ -34,7 +34,7 @@ from agentrun.vocabulary import (
 from tests import kstatus
 from tests.chart.argocd import health
 from tests.harness import HAPPY, System, agent_run, in_namespace
-from tests.replay.conftest import create_replay, wait_decided
+from tests.replays import create_replay, wait_decided
 
 # phase -> (Ready, Reconciling, Stalled or None, kstatus, Argo CD), from api.md.
 EXPECTED: dict[str, tuple[str, str, str | None, str, str]] = {

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from agentrun import store
 from agentrun.vocabulary import Phase, Reason, ReplayPhase, ReplayReason, RunStatus
 from tests.harness import System, agent_run, in_namespace
-from tests.replay.conftest import create_replay, wait_decided
+from tests.replays import create_replay, wait_decided
 
 
 def test_a_runner_saying_nothing_ran_after_a_recorded_call_does_not_erase_it(

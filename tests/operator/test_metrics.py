@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentrun.vocabulary import Phase, Reason, ReplayPhase, ReplayReason
 from tests.harness import HAPPY, Operator, System, agent_run, email_then_wait, in_namespace
-from tests.replay.conftest import create_replay, wait_decided
+from tests.replays import create_replay, wait_decided
 
 # Every family the operator exports, with its label names (the last four are the store
 # API's, agentrun_store_api.metrics, served by the same process here).

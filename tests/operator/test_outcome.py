@@ -16,7 +16,7 @@ from agentrun_devtools.controlplane import ControlPlane
 from agentrun import store
 from agentrun.vocabulary import GROUP, VERSION, Phase, Reason, ReplayPhase, ReplayReason
 from tests.harness import Operator, System, agent_run, in_namespace
-from tests.replay.conftest import wait_decided
+from tests.replays import wait_decided
 
 EMAIL = {"to": "customer-42@example.com", "body": "Refund on its way"}
 FOUR_STEPS = [

@@ -30,7 +30,7 @@ from agentrun.vocabulary import (
     Trigger,
 )
 from tests.harness import Operator, System
-from tests.replay.test_kubectl_plugin import plugin
+from tests.kubectl_plugin import plugin
 
 SCHEDULES = "agentrunschedules.agentrun.dev"
 LONG = [{"sleep": 25}, {"text": "done"}]

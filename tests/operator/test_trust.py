@@ -12,7 +12,7 @@ from agentrun_devtools.controlplane import ControlPlane
 
 from agentrun.vocabulary import Phase, Reason, ReplayPhase, ReplayReason
 from tests.harness import HAPPY, Operator, System, agent_run, email_then_wait, in_namespace
-from tests.replay.conftest import create_replay, get_replay, wait_decided
+from tests.replays import create_replay, get_replay, wait_decided
 
 
 def _pods(system: System, namespace: str, run: str) -> list[str]:

@@ -19,52 +19,24 @@ from agentrun.vocabulary import (
     LABEL_REPLAY_OF,
     Condition,
     Phase,
-    Reason,
     ReplayPhase,
     ReplayReason,
 )
-from tests.harness import System, agent_run, email_then_wait, in_namespace
-from tests.replay.conftest import (
+from tests.harness import System
+from tests.replays import (
     condition,
     create_replay,
     events,
+    evicted_after_send_email,
+    evicted_before_any_tool,
     replay_runs,
+    start,
     unique_text,
     wait_decided,
 )
 
 FORCE_HINT = f"Annotate {ANNOTATION_FORCE_REPLAY}=true to run it again anyway."
 DONE = [{"text": "Nothing to do."}]
-
-
-def start(system: System, namespace: str, name: str, script: list[dict[str, Any]],
-          **spec: Any) -> None:
-    spec.setdefault("text", unique_text())
-    system.apply(in_namespace(agent_run(name, script, **spec), namespace))
-
-
-def evicted_before_any_tool(system: System, namespace: str, name: str,
-                            sleep: int = 8, **spec: Any) -> dict[str, Any]:
-    """A run evicted while its model still thinks: Failed/Evicted, toolsExecuted []."""
-    start(system, namespace, name, [{"sleep": sleep}, {"text": "Nothing was needed."}], **spec)
-    system.wait_phase(namespace, name, Phase.RUNNING)
-    system.wait_pod_running(namespace, f"{name}-1")
-    system.evict(namespace, f"{name}-1")
-    run = system.wait_phase(namespace, name, Phase.FAILED, Phase.SUCCEEDED)
-    assert (run["status"]["reason"], run["status"]["toolsExecuted"]) == (Reason.EVICTED, [])
-    return run
-
-
-def evicted_after_send_email(system: System, namespace: str, name: str,
-                             delay: int = 60) -> dict[str, Any]:
-    """A run evicted while send_email waits to answer: the email went out."""
-    start(system, namespace, name, email_then_wait(delay))
-    uid = system.wait_phase(namespace, name, Phase.RUNNING)["metadata"]["uid"]
-    system.wait_ledger(uid, "send_email")
-    system.evict(namespace, f"{name}-1")
-    run = system.wait_phase(namespace, name, Phase.FAILED, Phase.SUCCEEDED)
-    assert run["status"]["toolsExecuted"] == ["send_email"], run["status"]
-    return run
 
 
 def assert_refused(replay: dict[str, Any], reason: str, *phrases: str) -> None:

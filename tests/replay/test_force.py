@@ -21,16 +21,16 @@ from agentrun.vocabulary import (
     ReplayReason,
 )
 from tests.harness import System
-from tests.replay.conftest import (
+from tests.replays import (
     FORCE_REFUSAL,
     condition,
     create_replay,
     events,
+    evicted_after_send_email,
     get_replay,
     replay_runs,
     wait_decided,
 )
-from tests.replay.test_decisions import evicted_after_send_email
 
 ALICE = "alice"  # may create replays (agentrun-edit), may not force
 BOB = "bob"  # may also force (agentrun-replay-forcer in the namespace)

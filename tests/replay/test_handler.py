@@ -21,7 +21,7 @@ from agentrun_operator.replay import reconcile
 from agentrun import store
 from agentrun.vocabulary import Phase, ReplayPhase, ReplayReason
 from tests.harness import System, agent_run, as_operator, in_namespace
-from tests.replay.conftest import (
+from tests.replays import (
     REPLAYS,
     create_replay,
     get_replay,

@@ -3,27 +3,10 @@ PATH as kubectl-agentrun), against the session's cluster, operator and store."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 from agentrun.vocabulary import ANNOTATION_FORCE_REPLAY
 from tests.harness import System
-from tests.replay.conftest import get_replay
-from tests.replay.test_decisions import evicted_after_send_email, start
-
-BIN = Path(sys.executable).parent  # where the console script kubectl-agentrun lives
-
-
-def plugin(system: System, *args: str,
-           store: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-           "KUBECONFIG": str(system.plane.kubeconfig), "DATABASE_URL": system.store_url}
-    if not store:
-        del env["DATABASE_URL"]
-    return subprocess.run([str(system.plane.bin / "kubectl"), "agentrun", *args], env=env,
-                          capture_output=True, text=True, timeout=120)
+from tests.kubectl_plugin import plugin
+from tests.replays import evicted_after_send_email, get_replay, start
 
 
 def test_tools_replay_and_why(system: System, namespace: str) -> None:

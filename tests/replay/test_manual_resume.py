@@ -23,7 +23,7 @@ from agentrun.vocabulary import (
     ReplayReason,
 )
 from tests.harness import System, agent_run, in_namespace
-from tests.replay.conftest import FORCE_REFUSAL, get_replay, wait_decided
+from tests.replays import FORCE_REFUSAL, get_replay, wait_decided
 
 ALICE, BOB = "alice", "bob"
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from agentrun_devtools.processes import wait_for
 
+from agentrun.kubectl_plugin import replay_manifest
 from agentrun.vocabulary import ReplayPhase, ReplayReason
 from tests.harness import Operator, System
-from tests.replay.conftest import replay_manifest, replay_runs, wait_decided
-from tests.replay.test_decisions import evicted_before_any_tool
+from tests.replays import evicted_before_any_tool, replay_runs, wait_decided
 
 
 def create_at_once(system: System, namespace: str, names: list[str], run_name: str) -> None:

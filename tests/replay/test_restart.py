@@ -9,7 +9,7 @@ from agentrun_devtools.processes import wait_for
 
 from agentrun.vocabulary import ANNOTATION_FORCE_REPLAY, Phase, ReplayPhase, ReplayReason
 from tests.harness import Operator, System, agent_run, in_namespace
-from tests.replay.conftest import create_replay, events, get_replay, unique_text, wait_decided
+from tests.replays import create_replay, events, get_replay, unique_text, wait_decided
 
 
 def test_force_added_while_the_operator_was_down(
