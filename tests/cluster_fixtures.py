@@ -52,7 +52,8 @@ def crds(control_plane: ControlPlane) -> ControlPlane:
     return control_plane
 
 
-def _fresh_namespace(plane: ControlPlane, prefix: str) -> Iterator[str]:
+def fresh_namespace(plane: ControlPlane, prefix: str) -> Iterator[str]:
+    """Yields a new namespace, `prefix` and a number; deletes it (without waiting) after."""
     name = f"{prefix}{next(_namespaces)}"
     plane.kubectl("create", "namespace", name)
     try:
@@ -64,7 +65,7 @@ def _fresh_namespace(plane: ControlPlane, prefix: str) -> Iterator[str]:
 @pytest.fixture
 def namespace(control_plane: ControlPlane) -> Iterator[str]:
     """A fresh namespace for one test, deleted (without waiting) afterwards."""
-    yield from _fresh_namespace(control_plane, "t")
+    yield from fresh_namespace(control_plane, "t")
 
 
 # -- the whole system: development node, store, operator --------------------------------------
@@ -129,4 +130,4 @@ def system(crds: ControlPlane, store_url: str, operator: Operator) -> System:
 @pytest.fixture
 def solo_namespace(control_plane: ControlPlane) -> Iterator[str]:
     """A namespace the session operator ignores (for a test's own operator)."""
-    yield from _fresh_namespace(control_plane, "solo-")
+    yield from fresh_namespace(control_plane, "solo-")

@@ -18,7 +18,6 @@ from agentrun.vocabulary import (
     ANNOTATION_CREATED_BY,
     APPROVER_CLUSTER_ROLE,
     GROUP,
-    VERSION,
     ApprovalPhase,
     ApprovalReason,
     LedgerOutcome,
@@ -26,13 +25,10 @@ from agentrun.vocabulary import (
     Reason,
     ReplayReason,
 )
+from tests.approvals import CHARGE, REQUIRED, SCRIPT, approval, create_as, waiting
 from tests.harness import Operator, System, agent_run, in_namespace
 
 APPROVALS = f"agentrunapprovals.{GROUP}"
-CHARGE = {"customer": "42", "amount": 120}
-SCRIPT = [{"call": "read_message", "args": {}}, {"call": "charge_card", "args": CHARGE},
-          {"text": "Charged customer 42."}]
-REQUIRED = [{"name": "charge_card", "effect": "Effectful", "approval": "Required"}]
 
 
 def bind(system: System, namespace: str, user: str, role: str) -> None:
@@ -48,32 +44,10 @@ def people(system: System, namespace: str) -> str:
     return namespace
 
 
-def waiting(system: System, namespace: str, name: str) -> dict[str, Any]:
-    return system.wait_run(namespace, name, lambda r: (r.get("status") or {}).get(
-        "phase") == Phase.WAITING)
-
-
 def settled(system: System, namespace: str, name: str) -> dict[str, Any]:
     return system.wait_run(namespace, name, lambda r: (r.get("status") or {}).get(
         "phase") in (Phase.SUCCEEDED, Phase.FAILED) and r["status"].get(
         "toolsExecuted") is not None)["status"]
-
-
-def approval(namespace: str, name: str, run: str, pending: dict[str, Any], approver: str,
-             decision: str = "Approve", note: str | None = None,
-             digest: str | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"runName": run, "seq": pending["seq"],
-                            "argsDigest": digest or pending["argsDigest"],
-                            "decision": decision, "approver": approver}
-    if note:
-        spec["note"] = note
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "AgentRunApproval",
-            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
-
-
-def create_as(system: System, user: str, manifest: dict[str, Any]) -> Any:
-    return system.kubectl("create", "-f", "-", input=json.dumps(manifest), as_user=user,
-                          check=False)
 
 
 def verdict(system: System, namespace: str, name: str) -> dict[str, Any]:

@@ -38,9 +38,9 @@ from agentrun.vocabulary import (
     EntryState,
     Phase,
 )
-from tests.cluster_fixtures import _fresh_namespace
+from tests.approvals import REQUIRED, SCRIPT, approval, create_as, waiting
+from tests.cluster_fixtures import fresh_namespace
 from tests.harness import HAPPY, System, agent_run, in_namespace
-from tests.operator.test_approval import REQUIRED, SCRIPT, approval, create_as, waiting
 
 TRANSCRIPTS = "transcripts.store.agentrun.dev"
 BIN = Path(sys.executable).parent  # kubectl-agentrun, found by kubectl on PATH
@@ -66,7 +66,7 @@ def tenants(transcripts: System, namespace: str, control_plane: ControlPlane
             ) -> Iterator[tuple[str, str]]:
     """Two namespaces: alice views the first, bob the second (agentrun-view), dave edits the
     first (agentrun-edit); carol is bound nowhere."""
-    for other in _fresh_namespace(control_plane, "t"):
+    for other in fresh_namespace(control_plane, "t"):
         for ns, user, role in ((namespace, "alice", "agentrun-view"),
                                (other, "bob", "agentrun-view"),
                                (namespace, "dave", "agentrun-edit")):
