@@ -7,10 +7,14 @@ import time
 
 import pytest
 
-from tests.cluster.kube import Kubectl, apply, replay_manifest, run_manifest
-
-PROBE_NAMESPACE = "agentrun-policy-probe"
-PROBE_USER = "policy-probe"
+from tests.cluster.kube import (
+    PROBE_NAMESPACE,
+    PROBE_USER,
+    Kubectl,
+    apply,
+    replay_manifest,
+    run_manifest,
+)
 
 
 @pytest.fixture

@@ -13,7 +13,11 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from agentrun.vocabulary import API_VERSION, REPLAY_KIND, RUN_KIND
+from agentrun.vocabulary import API_VERSION, REPLAY_KIND, RUN_KIND, SCHEDULE_KIND
+
+# Who the `policies` fixture (tests/cluster/conftest.py) probes the admission policies as.
+PROBE_NAMESPACE = "agentrun-policy-probe"
+PROBE_USER = "policy-probe"
 
 
 class Kubectl(Protocol):
@@ -52,6 +56,15 @@ def replay_manifest(
     if run_name is not None:
         body["runName"] = run_name
     return {"apiVersion": API_VERSION, "kind": REPLAY_KIND, "metadata": metadata, "spec": body}
+
+
+def schedule_manifest(name: str = "nightly", **spec: Any) -> dict[str, Any]:
+    """An AgentRunSchedule; `spec` replaces the minimal valid spec's fields."""
+    body: dict[str, Any] = {"schedule": "0 2 * * *", "runTemplate": {
+        "spec": {"agent": "support-agent", "input": {"text": "Triage the overnight queue"}}}}
+    body.update(spec)
+    return {"apiVersion": API_VERSION, "kind": SCHEDULE_KIND, "metadata": {"name": name},
+            "spec": body}
 
 
 def apply(

@@ -17,8 +17,17 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import PROBE_NAMESPACE, PROBE_USER
-from tests.cluster.kube import Kubectl, apply, get, refused, run_manifest, stored
+from tests.cluster.kube import (
+    PROBE_NAMESPACE,
+    PROBE_USER,
+    Kubectl,
+    apply,
+    get,
+    refused,
+    run_manifest,
+    schedule_manifest,
+    stored,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -280,8 +289,6 @@ SCHEDULE_DENIED = DENIED + "AgentRunSchedule runTemplate "
 
 
 def _schedule(name: str, **spec: Any) -> dict[str, Any]:
-    from tests.cluster.test_schedule_crd import schedule_manifest
-
     manifest = schedule_manifest(name)
     template = manifest["spec"]["runTemplate"]["spec"]
     for key, value in spec.items():

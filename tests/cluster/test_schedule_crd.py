@@ -9,19 +9,9 @@ from typing import Any
 
 import pytest
 
-from agentrun.vocabulary import API_VERSION, SCHEDULE_KIND
-from tests.cluster.kube import Kubectl, apply, refused, stored, table
+from tests.cluster.kube import Kubectl, apply, refused, schedule_manifest, stored, table
 
 pytestmark = pytest.mark.cluster
-
-
-def schedule_manifest(name: str = "nightly", **spec: Any) -> dict[str, Any]:
-    """An AgentRunSchedule; `spec` replaces the minimal valid spec's fields."""
-    body: dict[str, Any] = {"schedule": "0 2 * * *", "runTemplate": {
-        "spec": {"agent": "support-agent", "input": {"text": "Triage the overnight queue"}}}}
-    body.update(spec)
-    return {"apiVersion": API_VERSION, "kind": SCHEDULE_KIND, "metadata": {"name": name},
-            "spec": body}
 
 
 def with_template(**spec: Any) -> dict[str, Any]:
