@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 import yaml
-from agentrun_devtools.controlplane import REPO, ControlPlane
+from agentrun_devtools.controlplane import ControlPlane
 from cryptography import x509
 
-CHART = REPO / "charts" / "agentrun"
-NAMESPACE = "agentrun-system"
+from tests.chart.helm import CHART, NAMESPACE
+
 STORE_URL = f"https://agentrun-store.{NAMESPACE}.svc:8080"
 Objects = dict[tuple[str, str, str | None], dict[str, Any]]
 

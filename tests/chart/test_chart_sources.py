@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -15,17 +14,9 @@ from typing import Any
 import pytest
 import yaml
 from agentrun_devtools import chart_sources
-from agentrun_devtools.controlplane import REPO, ControlPlane, binaries
+from agentrun_devtools.controlplane import REPO, ControlPlane
 
-CHART = REPO / "charts" / "agentrun"
-NAMESPACE = "agentrun-system"
-ARGS = ("--namespace", NAMESPACE, "--kube-version", "v1.37.2")
-
-
-def helm(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(binaries() / "helm"), *args], capture_output=True, text=True,
-                          timeout=120)
-
+from tests.chart.helm import ARGS, CHART, NAMESPACE, helm
 
 # -- generated files -------------------------------------------------------------------------
 

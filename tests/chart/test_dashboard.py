@@ -15,7 +15,7 @@ from agentrun_operator import metrics
 from agentrun_store_api import metrics as store_api_metrics
 from prometheus_client.metrics import MetricWrapperBase
 
-from tests.chart.test_chart_sources import ARGS, CHART, helm
+from tests.chart.helm import ARGS, CHART, helm
 
 DASHBOARD = CHART / "dashboards" / "agentrun.json"
 _NAME = re.compile(r"agentrun_[a-z_]+")
