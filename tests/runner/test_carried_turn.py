@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from agentrun import store
 from agentrun.store import adk_tables as adk
 from agentrun.vocabulary import RunStatus
-from tests.runner.conftest import Run, prepare_run, query
+from tests.runner.runs import Run, prepare_run, query
 from tests.store_api import RunnerWorld, call
 
 pytestmark = pytest.mark.postgres

@@ -5,47 +5,29 @@ the pod's env, and the runner's own reasons when the Agent cannot run."""
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agentrun import agents, effects, store
 from agentrun.vocabulary import Reason, RunnerExit
-from tests.mcp_server import CrmServer, crm_server
-from tests.runner.conftest import Run, prepare_run, query, run_runner
+from tests.mcp_server import CrmServer
+from tests.runner.runs import (
+    Run,
+    explain,
+    outcome,
+    prepare_run,
+    query,
+    run_runner,
+    snapshot_of,
+    tools,
+)
 
 pytestmark = pytest.mark.postgres
 
 
-@pytest.fixture
-def crm(tmp_path: Path) -> Iterator[CrmServer]:
-    with crm_server(tmp_path) as server:
-        yield server
-
-
-def snapshot_of(url: str, **spec: Any) -> dict[str, Any]:
-    return {"root": "triage", "agents": {"triage": {
-        "instruction": "Look the customer up before you answer.",
-        "mcpServers": [{"name": "crm", "url": url}], **spec}}}
-
-
-def explain(done: subprocess.CompletedProcess[str]) -> str:
-    return f"exit {done.returncode}\nstderr:\n{done.stderr[-4000:]}"
-
-
 def ledger(run: Run) -> list[store.LedgerEntry]:
     return query(run.url, lambda e: store.ledger(e, run.uid))
-
-
-def outcome(run: Run) -> store.Outcome | None:
-    return query(run.url, lambda e: store.get_outcome(e, run.uid, 1))
-
-
-def tools(run: Run) -> list[str] | None:
-    return query(run.url, lambda e: store.tools_executed(e, run.uid, 1))
 
 
 def test_a_read_only_mcp_tool_is_called_once_through_the_ledger(

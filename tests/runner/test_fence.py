@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from agentrun import store
 from agentrun.store import schema
 from agentrun.vocabulary import RunStatus
-from tests.runner.conftest import query
+from tests.runner.runs import query
 
 
 async def _attempt(e: AsyncEngine, uid: str) -> None:

@@ -29,7 +29,7 @@ from aiohttp import web
 
 from agentrun import store
 from agentrun.vocabulary import Reason, RunnerEnv, RunnerExit
-from tests.runner.conftest import Run, launch, prepare_run, query, runner_env
+from tests.runner.runs import Run, launch, prepare_run, query, runner_env
 
 pytestmark = pytest.mark.postgres
 

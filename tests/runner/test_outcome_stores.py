@@ -9,7 +9,7 @@ import pytest
 
 from agentrun import store
 from agentrun.vocabulary import ApprovalDecision, Reason, RunnerEnv, RunnerExit
-from tests.runner.conftest import prepare_run, query, run_runner
+from tests.runner.runs import prepare_run, query, run_runner
 
 pytestmark = pytest.mark.postgres
 

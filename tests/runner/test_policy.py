@@ -6,39 +6,16 @@ first model call: nothing runs, the MCP server sees no call, toolsExecuted is []
 from __future__ import annotations
 
 import json
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from agentrun import store
 from agentrun.vocabulary import Reason, RunnerExit
-from tests.mcp_server import CrmServer, crm_server
-from tests.runner.conftest import Run, prepare_run, query, run_runner
+from tests.mcp_server import CrmServer
+from tests.runner.runs import Run, explain, outcome, prepare_run, query, run_runner, snapshot_of
 
 pytestmark = pytest.mark.postgres
-
-
-@pytest.fixture
-def crm(tmp_path: Path) -> Iterator[CrmServer]:
-    with crm_server(tmp_path) as server:
-        yield server
-
-
-def snapshot_of(url: str, **spec: Any) -> dict[str, Any]:
-    return {"root": "triage", "agents": {"triage": {
-        "instruction": "Look the customer up before you answer.",
-        "mcpServers": [{"name": "crm", "url": url}], **spec}}}
-
-
-def explain(done: subprocess.CompletedProcess[str]) -> str:
-    return f"exit {done.returncode}\nstderr:\n{done.stderr[-4000:]}"
-
-
-def outcome(run: Run) -> store.Outcome | None:
-    return query(run.url, lambda e: store.get_outcome(e, run.uid, 1))
 
 
 def nothing_ran(run: Run) -> None:

@@ -9,7 +9,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import store
-from tests.runner.conftest import prepare_run, query, run_runner
+from tests.runner.runs import prepare_run, query, run_runner
 
 SCRIPT = [{"call": "read_message", "args": {}}, {"text": "done"}]
 

@@ -21,29 +21,26 @@ from agentrun.vocabulary import (
     RunnerEnv,
     RunnerExit,
 )
-from tests.runner.conftest import Run, launch, prepare_run, query, run_runner, runner_env
+from tests.runner.runs import (
+    EMAIL,
+    Run,
+    explain,
+    launch,
+    outcome,
+    prepare_run,
+    query,
+    run_runner,
+    runner_env,
+    tools,
+)
 from tests.store_api import TRUST, RunnerWorld
 
 pytestmark = pytest.mark.postgres
-
-EMAIL = {"to": "c42@example.com", "body": "Your refund is on its way."}
 
 
 def emails(url: str, run: Run | None = None) -> list[store.OutboxRow]:
     rows = query(url, lambda e: store.outbox(e, run.name if run else None))
     return [r for r in rows if r.tool == "send_email"]
-
-
-def outcome(run: Run, attempt: int = 1) -> store.Outcome | None:
-    return query(run.url, lambda e: store.get_outcome(e, run.uid, attempt))
-
-
-def tools(run: Run, attempt: int = 1) -> list[str] | None:
-    return query(run.url, lambda e: store.tools_executed(e, run.uid, attempt))
-
-
-def explain(done: subprocess.CompletedProcess[str]) -> str:
-    return f"exit {done.returncode}\nstderr:\n{done.stderr[-4000:]}"
 
 
 def test_a_run_sends_one_email_and_succeeds(any_store: str) -> None:

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from agentrun import store
 from agentrun.store.memory import StoreMemoryService
 from agentrun.vocabulary import RunStatus
-from tests.runner.conftest import prepare_run, query, run_runner
+from tests.runner.runs import prepare_run, query, run_runner
 
 pytestmark = pytest.mark.postgres
 

@@ -14,8 +14,7 @@ import pytest
 from agentrun import store
 from agentrun.transcript import entries_of, transcript
 from agentrun.vocabulary import ENV_TEST_CRASH_IN, EntryKind, EntryState, Reason, RunStatus
-from tests.runner.conftest import prepare_run, query, run_runner
-from tests.runner.test_runner import EMAIL, explain
+from tests.runner.runs import EMAIL, explain, prepare_run, query, run_runner
 
 pytestmark = pytest.mark.postgres
 
