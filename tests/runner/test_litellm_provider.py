@@ -29,12 +29,11 @@ from aiohttp import web
 
 from agentrun import store
 from agentrun.vocabulary import Reason, RunnerEnv, RunnerExit
-from tests.runner.runs import Run, launch, prepare_run, query, runner_env
+from tests.runner.runs import EMAIL, Run, launch, prepare_run, query, runner_env
 
 pytestmark = pytest.mark.postgres
 
 API_KEY = "sk-test-from-a-secret"
-EMAIL = {"to": "c42@example.com", "body": "Your refund is on its way."}
 
 
 @dataclass

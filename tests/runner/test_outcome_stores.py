@@ -9,11 +9,9 @@ import pytest
 
 from agentrun import store
 from agentrun.vocabulary import ApprovalDecision, Reason, RunnerEnv, RunnerExit
-from tests.runner.runs import prepare_run, query, run_runner
+from tests.runner.runs import EMAIL, prepare_run, query, run_runner
 
 pytestmark = pytest.mark.postgres
-
-EMAIL = {"to": "c42@example.com", "body": "Your refund is on its way."}
 
 
 def _sent(url: str, name: str) -> list[str]:
