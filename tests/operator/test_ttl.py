@@ -14,7 +14,7 @@ from agentrun_devtools.processes import wait_for
 from agentrun import store
 from agentrun.vocabulary import GROUP, VERSION, Phase, ReplayPhase, ReplayReason, RunStatus
 from tests.harness import HAPPY, Operator, System, agent_run, in_namespace
-from tests.replay.conftest import create_replay, wait_decided
+from tests.replays import create_replay, wait_decided
 
 APPROVALS = f"agentrunapprovals.{GROUP}"
 # Sends its email, then the model fails: Failed, with a tool executed.
