@@ -4,6 +4,8 @@ kube-controller-manager + kube-scheduler), started once per test session."""
 from __future__ import annotations
 
 import itertools
+import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,6 +45,20 @@ def apply_crds(plane: ControlPlane, directory: Path = CRDS) -> None:
         "crd/agentrunapprovals.agentrun.dev",
         "crd/agentrunschedules.agentrun.dev", "crd/agents.agentrun.dev",
     )
+    # Established is not yet served: just after it, a create can still be answered 503
+    # ("Kind=AgentRun not found") while the API server builds the kind's handler. A
+    # server-side dry run of one AgentRun (admission included) says when it is.
+    probe = json.dumps({"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun",
+                        "metadata": {"name": "served-probe", "namespace": "default"},
+                        "spec": {"agent": "support-agent", "input": {"text": "probe"}}})
+    deadline = time.monotonic() + 60
+    while True:
+        done = plane.kubectl("create", "--dry-run=server", "-f", "-", input=probe,
+                             check=False)
+        if done.returncode == 0:
+            return
+        assert time.monotonic() < deadline, f"AgentRuns not served in 60 s: {done.stderr}"
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="session")

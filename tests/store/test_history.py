@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from agentrun import history, store
 from agentrun.store.schema import runs
 from agentrun.vocabulary import RunStatus
+from tests.runner.runs import query
 
 T = TypeVar("T")
 T0 = datetime.datetime(2026, 12, 1, 9, 0, tzinfo=datetime.UTC)
@@ -28,17 +29,6 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         f"sqlite:///{tmp_path / 'agentrun.db'}"
     asyncio.run(store.migrate(url))
     yield url
-
-
-def _on(url: str, fn: Callable[[AsyncEngine], Awaitable[T]]) -> T:
-    async def go() -> T:
-        engine = store.make_engine(url)
-        try:
-            return await fn(engine)
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(go())
 
 
 async def _record(engine: AsyncEngine, uid: str, namespace: str, name: str, minute: int,
@@ -73,7 +63,7 @@ def test_pages_are_newest_first_and_continue_where_they_ended(store_url: str) ->
         # Every namespace: team-b's run too.
         assert (await store.run_records(e, None, limit=1)).records[0].name == "run-b"
 
-    _on(store_url, go)
+    query(store_url, go)
 
 
 def test_selectors_filter_in_the_store(store_url: str) -> None:
@@ -107,7 +97,7 @@ def test_selectors_filter_in_the_store(store_url: str) -> None:
         assert record["metadata"]["labels"] == {"tier": "bronze"}
         assert record["metadata"]["annotations"] == {"team": "a"}
 
-    _on(store_url, go)
+    query(store_url, go)
 
 
 def test_a_name_used_again_serves_its_most_recent_run(store_url: str) -> None:
@@ -119,7 +109,7 @@ def test_a_name_used_again_serves_its_most_recent_run(store_url: str) -> None:
         assert found is not None and found.uid == "second"
         assert await store.latest_named(e, "team-a", "other") is None
 
-    _on(store_url, go)
+    query(store_url, go)
 
 
 def test_retention_deletes_old_records_with_their_rows_and_keeps_the_rest(
@@ -163,4 +153,4 @@ def test_retention_deletes_old_records_with_their_rows_and_keeps_the_rest(
         assert orphan not in snapshots
         assert await store.purge_old_runs(e, datetime.timedelta(days=90)) == 0
 
-    _on(store_url, go)
+    query(store_url, go)
