@@ -88,41 +88,41 @@ def test_a_deleted_run_stays_in_the_archive_and_its_transcript_is_served_by_uid(
 ) -> None:
     system, ns, other = archive
     erin, frank = viewers["erin"], viewers["frank"]
-    system.apply(in_namespace(agent_run("mailed", HAPPY, ttlSecondsAfterFinished=3,
+    system.apply(in_namespace(agent_run("archived-mail", HAPPY, ttlSecondsAfterFinished=3,
                                         ), ns))
-    first = _settled(system, ns, "mailed")
+    first = _settled(system, ns, "archived-mail")
     first_uid = first["metadata"]["uid"]
-    wait_for(lambda: system.get(f"agentruns.{GROUP}", ns, "mailed") is None, timeout=60,
+    wait_for(lambda: system.get(f"agentruns.{GROUP}", ns, "archived-mail") is None, timeout=60,
              what="the run deleted after its time to live")
 
-    shown = _as(system, erin, "get", RECORDS, "mailed", "-n", ns)
+    shown = _as(system, erin, "get", RECORDS, "archived-mail", "-n", ns)
     assert shown.returncode == 0, shown.stderr
     header, row = shown.stdout.splitlines()[:2]
     assert header.split() == ["NAME", "PHASE", "REASON", "TOOLS-EXECUTED", "AGENT", "AGE"]
-    assert row.split()[:2] == ["mailed", Phase.SUCCEEDED]
+    assert row.split()[:2] == ["archived-mail", Phase.SUCCEEDED]
     assert "read_message,send_email,update_crm" in row.split()
-    as_json = json.loads(_as(system, erin, "get", RECORDS, "mailed", "-n", ns,
+    as_json = json.loads(_as(system, erin, "get", RECORDS, "archived-mail", "-n", ns,
                              "-o", "json").stdout)
     assert as_json["kind"] == "RunRecord" and as_json["metadata"]["uid"] == first_uid
     assert as_json["status"]["inAPIServer"] is False
     assert as_json["status"]["toolsExecuted"] == ["read_message", "send_email", "update_crm"]
     assert as_json["status"]["usage"]["toolCalls"] == 3
     # Its transcript is still served, by name while the name is not used again.
-    transcript = json.loads(_as(system, erin, "get", TRANSCRIPTS, "mailed", "-n", ns,
+    transcript = json.loads(_as(system, erin, "get", TRANSCRIPTS, "archived-mail", "-n", ns,
                                 "-o", "json").stdout)
-    assert transcript["run"] == {"name": "mailed", "uid": first_uid,
+    assert transcript["run"] == {"name": "archived-mail", "uid": first_uid,
                                  "phase": Phase.SUCCEEDED}
 
     # The name used again: by name, the newest run; by uid, the first.
-    system.apply(in_namespace(agent_run("mailed", [{"text": "Second time, no tools."}]), ns))
-    second_uid = _settled(system, ns, "mailed")["metadata"]["uid"]
-    record = json.loads(_as(system, erin, "get", RECORDS, "mailed", "-n", ns,
+    system.apply(in_namespace(agent_run("archived-mail", [{"text": "Second time, no tools."}]), ns))
+    second_uid = _settled(system, ns, "archived-mail")["metadata"]["uid"]
+    record = json.loads(_as(system, erin, "get", RECORDS, "archived-mail", "-n", ns,
                             "-o", "json").stdout)
     assert record["metadata"]["uid"] == second_uid and record["status"]["inAPIServer"]
-    newest = json.loads(_as(system, erin, "get", TRANSCRIPTS, "mailed", "-n", ns,
+    newest = json.loads(_as(system, erin, "get", TRANSCRIPTS, "archived-mail", "-n", ns,
                             "-o", "json").stdout)
     assert newest["run"]["uid"] == second_uid
-    by_uid = _as(system, erin, "agentrun", "transcript", "mailed", "-n", ns,
+    by_uid = _as(system, erin, "agentrun", "transcript", "archived-mail", "-n", ns,
                  "--uid", first_uid)
     assert by_uid.returncode == 0, by_uid.stderr
     assert "send_email" in by_uid.stdout and "Second time" not in by_uid.stdout
@@ -134,18 +134,18 @@ def test_a_deleted_run_stays_in_the_archive_and_its_transcript_is_served_by_uid(
     assert [line.split()[1] for line in lines[1:]] == [second_uid, first_uid]  # newest first
 
     # The other tenant: forbidden by name, across namespaces, and by uid from its own.
-    for args in (("get", RECORDS, "mailed", "-n", ns), ("get", RECORDS, "-n", ns),
+    for args in (("get", RECORDS, "archived-mail", "-n", ns), ("get", RECORDS, "-n", ns),
                  ("get", RECORDS, "-A"), ("agentrun", "history", "-A")):
         refused = _as(system, frank, *args)
         assert refused.returncode != 0 and "forbidden" in refused.stderr.lower(), (
             args, refused.stderr)
     assert 'User "frank" cannot get resource "runs" in API group "store.agentrun.dev" in ' \
-        f'the namespace "{ns}"' in _as(system, frank, "get", RECORDS, "mailed",
+        f'the namespace "{ns}"' in _as(system, frank, "get", RECORDS, "archived-mail",
                                        "-n", ns).stderr
     base = "/apis/store.agentrun.dev/v1alpha1/namespaces"
     selector = urllib.parse.quote(f"metadata.uid={first_uid}")
-    for path in (f"{base}/{other}/runs/mailed?fieldSelector={selector}",
-                 f"{base}/{other}/transcripts/mailed?fieldSelector={selector}"):
+    for path in (f"{base}/{other}/runs/archived-mail?fieldSelector={selector}",
+                 f"{base}/{other}/transcripts/archived-mail?fieldSelector={selector}"):
         code, body = _get(system, frank, path)
         assert code == 404, (path, code, body)
     assert _get(system, frank, f"{base}/{other}/runs")[1]["items"] == []

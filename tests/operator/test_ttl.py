@@ -49,61 +49,61 @@ def test_a_run_past_its_ttl_leaves_with_its_replay_and_approvals_and_its_record_
     operator = Operator(crds, store_url, tmp_path / "op", (f"--namespace={ns}",)).start()
     system = System(crds, store_url, operator)
     try:
-        system.apply(in_namespace(agent_run("mailed", MAILED_THEN_FAILED,
+        system.apply(in_namespace(agent_run("ttl-mailed", MAILED_THEN_FAILED,
                                             ttlSecondsAfterFinished=5), ns))
-        system.apply(in_namespace(agent_run("kept", HAPPY), ns))
-        run = system.wait_run(ns, "mailed", lambda r: r["status"]["phase"] == Phase.FAILED
+        system.apply(in_namespace(agent_run("ttl-kept", HAPPY), ns))
+        run = system.wait_run(ns, "ttl-mailed", lambda r: r["status"]["phase"] == Phase.FAILED
                               and r["status"]["toolsExecuted"] is not None)
         assert run["status"]["toolsExecuted"] == ["send_email"], run["status"]
         uid = run["metadata"]["uid"]
         # A replay of it is decided while it is still there; an approval names it.
-        create_replay(system, ns, "again", "mailed")
-        replay = wait_decided(system, ns, "again")
+        create_replay(system, ns, "ttl-again", "ttl-mailed")
+        replay = wait_decided(system, ns, "ttl-again")
         assert (replay["status"]["phase"], replay["status"]["reason"]) == (
             ReplayPhase.REFUSED, ReplayReason.TOOLS_EXECUTED)
         system.kubectl("create", "-f", "-", input=json.dumps(
-            _approval(ns, "mailed-1", "mailed", "ttl-boss")), as_user="ttl-boss",
+            _approval(ns, "ttl-mailed-1", "ttl-mailed", "ttl-boss")), as_user="ttl-boss",
             as_groups=["system:masters"])
 
-        wait_for(lambda: _gone(system, f"agentruns.{GROUP}", ns, "mailed"), timeout=60,
+        wait_for(lambda: _gone(system, f"agentruns.{GROUP}", ns, "ttl-mailed"), timeout=60,
                  what="the run deleted after its time to live")
-        assert _gone(system, REPLAYS, ns, "again")
-        assert _gone(system, APPROVALS, ns, "mailed-1")
-        assert len(_expired_lines(operator, run=f"{ns}/mailed")) == 1, operator.log()[-3000:]
+        assert _gone(system, REPLAYS, ns, "ttl-again")
+        assert _gone(system, APPROVALS, ns, "ttl-mailed-1")
+        assert len(_expired_lines(operator, run=f"{ns}/ttl-mailed")) == 1, operator.log()[-3000:]
         # The record, the ledger and the email stay.
         record = system.store(lambda e: store.get_run(e, uid))
         assert record is not None and record.status == RunStatus.FAILED
         assert record.tools_executed == ["send_email"]
-        assert len(system.emails("mailed")) == 1
+        assert len(system.emails("ttl-mailed")) == 1
         # A replay names the deleted run: decided from the store's record by the same
         # table, and a forced one runs again on the input snapshot.
-        create_replay(system, ns, "after", "mailed")
-        after = wait_decided(system, ns, "after")
+        create_replay(system, ns, "ttl-after", "ttl-mailed")
+        after = wait_decided(system, ns, "ttl-after")
         assert (after["status"]["phase"], after["status"]["reason"]) == (
             ReplayPhase.REFUSED, ReplayReason.TOOLS_EXECUTED), after["status"]
-        create_replay(system, ns, "forced", "mailed", force=True)
-        forced = wait_decided(system, ns, "forced")
+        create_replay(system, ns, "ttl-forced", "ttl-mailed", force=True)
+        forced = wait_decided(system, ns, "ttl-forced")
         assert forced["status"]["phase"] == ReplayPhase.APPROVED, forced["status"]
         again = system.wait_run(ns, forced["status"]["replayRunName"], lambda r: r[
             "status"]["phase"] in Phase.TERMINAL and r["status"]["toolsExecuted"] is not None)
         assert again["status"]["toolsExecuted"] == ["send_email"], again["status"]
-        assert again["spec"]["replayOf"] == "mailed"
+        assert again["spec"]["replayOf"] == "ttl-mailed"
         assert again["status"]["inputDigest"] == run["status"]["inputDigest"]
         assert len(system.emails(again["metadata"]["name"])) == 1
         # A deleted run that called no tool: its replay is approved.
-        system.apply(in_namespace(agent_run("quiet", [{"error": 400}],
+        system.apply(in_namespace(agent_run("ttl-quiet", [{"error": 400}],
                                             ttlSecondsAfterFinished=2), ns))
-        system.wait_phase(ns, "quiet", Phase.FAILED)
-        wait_for(lambda: _gone(system, f"agentruns.{GROUP}", ns, "quiet"), timeout=60,
+        system.wait_phase(ns, "ttl-quiet", Phase.FAILED)
+        wait_for(lambda: _gone(system, f"agentruns.{GROUP}", ns, "ttl-quiet"), timeout=60,
                  what="the quiet run deleted after its time to live")
-        create_replay(system, ns, "quiet-again", "quiet")
-        quiet = wait_decided(system, ns, "quiet-again")
+        create_replay(system, ns, "ttl-quiet-again", "ttl-quiet")
+        quiet = wait_decided(system, ns, "ttl-quiet-again")
         assert (quiet["status"]["phase"], quiet["status"]["reason"]) == (
             ReplayPhase.APPROVED, ReplayReason.NO_TOOLS_EXECUTED), quiet["status"]
         # No default here: a run without a time to live stays.
-        kept = system.wait_phase(ns, "kept", Phase.SUCCEEDED, Phase.FAILED)
+        kept = system.wait_phase(ns, "ttl-kept", Phase.SUCCEEDED, Phase.FAILED)
         assert "ttlSecondsAfterFinished" not in kept["spec"]
-        assert not _expired_lines(operator, run=f"{ns}/kept")
+        assert not _expired_lines(operator, run=f"{ns}/ttl-kept")
     finally:
         operator.stop()
 
@@ -116,30 +116,31 @@ def test_the_default_applies_without_a_spec_write_and_a_restart_deletes_each_run
     first = Operator(crds, store_url, tmp_path / "op1", args).start()
     system = System(crds, store_url, first)
     try:
-        system.apply(in_namespace(agent_run("by-default", HAPPY), ns))
-        system.apply(in_namespace(agent_run("own-ttl", HAPPY, ttlSecondsAfterFinished=3600),
+        system.apply(in_namespace(agent_run("ttl-by-default", HAPPY), ns))
+        system.apply(in_namespace(agent_run("ttl-own", HAPPY, ttlSecondsAfterFinished=3600),
                                   ns))
-        for name in ("by-default", "own-ttl"):
+        for name in ("ttl-by-default", "ttl-own"):
             run = system.wait_phase(ns, name, Phase.SUCCEEDED, Phase.FAILED)
             assert run["status"]["phase"] == Phase.SUCCEEDED, run["status"]
         # The default is the operator's, never written into the run.
-        assert "ttlSecondsAfterFinished" not in system.run(ns, "by-default")["spec"]
+        assert "ttlSecondsAfterFinished" not in system.run(ns, "ttl-by-default")["spec"]
     finally:
         first.stop()
-    assert not _expired_lines(first, run=f"{ns}/by-default"), first.log()[-3000:]
+    assert not _expired_lines(first, run=f"{ns}/ttl-by-default"), first.log()[-3000:]
     # Down past the time to live: the run is still there.
-    finished = system.run(ns, "by-default")["status"]["finishedAt"]
+    finished = system.run(ns, "ttl-by-default")["status"]["finishedAt"]
     wait_for(lambda: _seconds_since(finished) > 9, timeout=30, what="the TTL run out")
-    assert system.get(f"agentruns.{GROUP}", ns, "by-default") is not None
+    assert system.get(f"agentruns.{GROUP}", ns, "ttl-by-default") is not None
 
     second = Operator(crds, store_url, tmp_path / "op2", args).start()
     system = System(crds, store_url, second)
     try:
-        wait_for(lambda: _gone(system, f"agentruns.{GROUP}", ns, "by-default"), timeout=60,
+        wait_for(lambda: _gone(system, f"agentruns.{GROUP}", ns, "ttl-by-default"), timeout=60,
                  what="the run past its TTL deleted by the restarted operator")
-        assert len(_expired_lines(first, second, run=f"{ns}/by-default")) == 1, second.log()[-3000:]
-        assert system.run(ns, "own-ttl")["status"]["phase"] == Phase.SUCCEEDED
-        assert not _expired_lines(first, second, run=f"{ns}/own-ttl")
+        expired = _expired_lines(first, second, run=f"{ns}/ttl-by-default")
+        assert len(expired) == 1, second.log()[-3000:]
+        assert system.run(ns, "ttl-own")["status"]["phase"] == Phase.SUCCEEDED
+        assert not _expired_lines(first, second, run=f"{ns}/ttl-own")
     finally:
         second.stop()
 
