@@ -55,13 +55,13 @@ lint: venv ## ruff and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# Two pytest processes at once (pytest-xdist, a test file at a time: tests/conftest.py groups
-# them, the longest first), each with its own control
+# Two pytest processes at once (pytest-xdist, a test file at a time, in tests/conftest.py's
+# order: the longest first), each with its own control
 # plane, development node, Postgres and operator (tests/cluster_fixtures.py): the suite waits
 # on real parts far more than it computes. Not more than two on these 2-core machines: the
 # sub-second eviction tests need a core free. PYTEST_WORKERS=0 runs everything in one process.
 PYTEST_WORKERS ?= 2
-PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
+PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # What the tests need built before they start. .ci/run builds the peers in the background
 # instead (TEST_BUILDS=controlplane): the tests that run them wait for that build's lock.

@@ -11,16 +11,14 @@ from agentrun_devtools.postgres import Postgres
 
 pytest_plugins = ["tests.cluster_fixtures"]
 
-# make test runs two pytest processes (pytest-xdist, --dist loadgroup): each test file is a
-# group of its own, so a file's module fixtures are made once, in one process. The
-# README's and the demo's flows hold the machine's dev-cluster lock (the_machines_dev_
-# cluster): they are one group, run one after the other in one process, never with one
-# process waiting on the other's lock. Groups are handed out in the order below, the
-# longest first, so that no long file starts last and runs alone at the end.
-_GROUPS = {"tests/replay/test_demo.py": "dev-cluster",
-           "tests/replay/test_readme.py": "dev-cluster"}
-_LONGEST_FIRST = ("tests/replay/test_demo.py", "tests/replay/test_readme.py",
-                  "tests/operator/test_schedules.py", "tests/runner/test_store_api_limits.py",
+# make test runs two pytest processes (pytest-xdist, --dist loadfile --no-loadscope-reorder):
+# a file at a time, handed out in the order below, the longest first, so that no long file
+# starts last and runs alone at the end. xdist gives each process two files to begin with,
+# the first process the first and the third: the demo's and the README's flows, which hold
+# the machine's dev-cluster lock (the_machines_dev_cluster), run one after the other in
+# one process instead of one process waiting on the other's lock.
+_LONGEST_FIRST = ("tests/replay/test_demo.py", "tests/operator/test_schedules.py",
+                  "tests/replay/test_readme.py", "tests/runner/test_store_api_limits.py",
                   "tests/operator/test_transcript.py", "tests/operator/test_restarts.py",
                   "tests/replay/test_manual_resume.py", "tests/runner/test_litellm_provider.py")
 
@@ -31,8 +29,6 @@ def _file_of(item: pytest.Item) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_GROUPS.get(_file_of(item), _file_of(item))))
     rank = {path: i for i, path in enumerate(_LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(_file_of(item), len(rank)))  # stable otherwise
 
