@@ -72,9 +72,7 @@ async def run_records(
     scanned = 0
     async with engine.connect() as conn:
         while True:
-            keyset = [] if after is None else [or_(
-                runs.c.created_at < after[0],
-                and_(runs.c.created_at == after[0], runs.c.uid < after[1]))]
+            keyset = [] if after is None else [_older_than(after)]
             rows = (await conn.execute(
                 select(runs).where(*conditions, *keyset)
                 .order_by(runs.c.created_at.desc(), runs.c.uid.desc()).limit(_BATCH)
@@ -94,11 +92,16 @@ async def run_records(
                 return Page(found, after)
 
 
+def _older_than(after: Keyset) -> Any:
+    """Records after `after` in the archive's order (newest first): older, or as old with
+    a smaller uid."""
+    return or_(runs.c.created_at < after[0],
+               and_(runs.c.created_at == after[0], runs.c.uid < after[1]))
+
+
 async def _any_after(conn: Any, conditions: list[Any], after: Keyset) -> bool:
     row = (await conn.execute(
-        select(runs.c.uid).where(*conditions, or_(
-            runs.c.created_at < after[0],
-            and_(runs.c.created_at == after[0], runs.c.uid < after[1]))).limit(1)
+        select(runs.c.uid).where(*conditions, _older_than(after)).limit(1)
     )).first()
     return row is not None
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import agents, store
+from agentrun import agents, history, store
 from agentrun.vocabulary import (
     ANNOTATION_CREATED_BY,
     ANNOTATION_INPUT_DIGEST,
@@ -30,7 +30,6 @@ from agentrun.vocabulary import (
     Phase,
     ReplayPhase,
     ReplayReason,
-    RunStatus,
 )
 from agentrun_operator import authorize, events, metrics
 from agentrun_operator import status as st
@@ -95,12 +94,6 @@ def replay_run(
     }
 
 
-# The store's run statuses as AgentRun phases.
-_PHASE = {RunStatus.PENDING: Phase.PENDING, RunStatus.RUNNING: Phase.RUNNING,
-          RunStatus.SUCCEEDED: Phase.SUCCEEDED, RunStatus.FAILED: Phase.FAILED,
-          RunStatus.CANCELLED: Phase.CANCELLED}
-
-
 async def archived_run(ctx: Context, namespace: str, name: str) -> dict[str, Any] | None:
     """The most recent run of that name the store recorded, as an AgentRun (its spec,
     labels and attempts as recorded at launch), once its AgentRun has left the API server
@@ -114,7 +107,7 @@ async def archived_run(ctx: Context, namespace: str, name: str) -> dict[str, Any
         meta["labels"] = dict(recorded.labels)
     return {"apiVersion": API_VERSION, "kind": RUN_KIND, "metadata": meta,
             "spec": dict(recorded.spec),
-            "status": {"phase": _PHASE[recorded.status], "attempts": recorded.attempts}}
+            "status": {"phase": history.PHASE_OF[recorded.status], "attempts": recorded.attempts}}
 
 
 async def original_facts(ctx: Context, original: Mapping[str, Any] | None) -> Original | None:
@@ -132,7 +125,7 @@ async def original_facts(ctx: Context, original: Mapping[str, Any] | None) -> Or
     if recorded is None:  # not written down yet: the operator has not launched it
         return Original(phase=Phase.PENDING, tools_executed=None, input_digest=None,
                         input_available=False, reason="")
-    phase = _PHASE[recorded.status]
+    phase = history.PHASE_OF[recorded.status]
     if shown in Phase.LIVE and phase in Phase.TERMINAL:
         phase = shown
     digest = recorded.input_digest
