@@ -116,6 +116,22 @@ def test_removes_exactly_the_list_and_passes_the_rest_through(
                     "--agent", "support-agent", "two words", ""]
 
 
+def test_what_the_development_node_forks_gets_what_the_launcher_gives(
+        launcher: Path, stand_in: Path, tmp_path: Path) -> None:
+    """The development node forks runner processes from an imported runner instead of
+    exec'ing the launcher (agentrun_devtools.forkserver): their environment and command line
+    are the launcher's, by runner_launcher.launched_env and launched_argv."""
+    env = {"PATH": "/somewhere", **{name: "refused" for name in FAMILY_EXAMPLES.values()},
+           "LD_PRELOAD": "/x.so", "BROWSER": "firefox", "HOME": "/tmp", RunnerEnv.RUN_UID: "u",
+           "MY_PYTHONPATH": "kept", "VALUE_WITH_EQUALS": "a=b"}
+    arguments = ["--agent", "support-agent", "two words", ""]
+
+    args, given = started(launcher, [f"{k}={v}" for k, v in env.items()], arguments, tmp_path)
+
+    assert given == [f"{k}={v}" for k, v in runner_launcher.launched_env(env, RUNNER_PATH).items()]
+    assert args == runner_launcher.launched_argv(stand_in, arguments)
+
+
 def test_an_empty_environment_gets_only_the_path(launcher: Path, tmp_path: Path) -> None:
     args, env = started(launcher, [], [], tmp_path)
     assert env == [f"PATH={RUNNER_PATH}"]
