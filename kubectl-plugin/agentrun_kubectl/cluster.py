@@ -4,6 +4,7 @@ when it refuses."""
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import time
@@ -36,9 +37,10 @@ UNAVAILABLE_WAIT = 45.0
 class Failure(Exception):
     """Something the user must fix; printed without a traceback."""
 
-    def __init__(self, message: str, code: int = ERROR) -> None:
+    def __init__(self, message: str, code: int = ERROR, status: int | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.status = status  # the API server's HTTP status, when it answered
 
 
 # -- the cluster --------------------------------------------------------------------------
@@ -72,10 +74,21 @@ class Cluster:
             if as_group:
                 api.set_default_header("Impersonate-Group", as_group)
             client.Configuration.set_default(configuration)
-            self._api_client: client.ApiClient | None = api
+            self._api_client = api
         else:
-            self._api_client = None
+            self._api_client = client.ApiClient()
         self.api = client.CustomObjectsApi(self._api_client)
+
+    def at(self, namespace: str) -> Cluster:
+        """The same user and connection, in another namespace (the console's many)."""
+        other = copy.copy(self)
+        other.namespace = namespace
+        return other
+
+    @property
+    def api_client(self) -> client.ApiClient:
+        """The connection every request of this user goes through (--as included)."""
+        return self._api_client
 
     def get(self, plural: str, name: str) -> dict[str, Any] | None:
         try:
@@ -155,7 +168,7 @@ class Cluster:
         has not found the transcript API available (just installed, or the store API just
         started: it looks again every 30 s, and at once when the Service's endpoints
         change): that is waited out for UNAVAILABLE_WAIT seconds, saying so once."""
-        api = self._api_client or client.ApiClient()  # --as and --as-group hold here too
+        api = self.api_client  # --as and --as-group hold here too
         deadline = time.monotonic() + UNAVAILABLE_WAIT
         told = False
         while True:
@@ -179,7 +192,8 @@ class Cluster:
             said = f"Error from server ({response.reason}): " \
                 f"{(message or body.decode(errors='replace')).strip()}"
             if response.status != 503:
-                raise Failure(said, REFUSED if response.status in (403, 404) else ERROR)
+                raise Failure(said, REFUSED if response.status in (403, 404) else ERROR,
+                              response.status)
             if time.monotonic() >= deadline:
                 raise Failure(f"{said}; {self._transcript_api_state()}")
             if not told:

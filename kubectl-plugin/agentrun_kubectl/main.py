@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from agentrun.vocabulary import (
 )
 from agentrun_kubectl.approve import approve
 from agentrun_kubectl.cancel import cancel
-from agentrun_kubectl.cluster import Cluster, Failure
+from agentrun_kubectl.cluster import OK, Cluster, Failure
 from agentrun_kubectl.replay import replay, why
 from agentrun_kubectl.schedule import trigger
 from agentrun_kubectl.tools import tools
@@ -27,15 +28,16 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kubectl agentrun",
         description="Replay AgentRuns safely, and see what they did.")
-    common = argparse.ArgumentParser(add_help=False)
+    connection = argparse.ArgumentParser(add_help=False)
+    connection.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: "
+                            "KUBECONFIG or ~/.kube/config)")
+    connection.add_argument("--context", default=None, help="kubeconfig context")
+    connection.add_argument("--as", dest="as_user", default=None,
+                            help="act as this user (impersonation, as kubectl --as)")
+    connection.add_argument("--as-group", dest="as_group", default=None,
+                            help="with --as: the group to act in")
+    common = argparse.ArgumentParser(add_help=False, parents=[connection])
     common.add_argument("-n", "--namespace", help="namespace (default: the context's)")
-    common.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: "
-                        "KUBECONFIG or ~/.kube/config)")
-    common.add_argument("--context", default=None, help="kubeconfig context")
-    common.add_argument("--as", dest="as_user", default=None,
-                        help="act as this user (impersonation, as kubectl --as)")
-    common.add_argument("--as-group", dest="as_group", default=None,
-                        help="with --as: the group to act in")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("replay", parents=[common],
                        help="ask to run an AgentRun again; prints the operator's decision")
@@ -109,12 +111,21 @@ def parser() -> argparse.ArgumentParser:
     h.add_argument("--phase", choices=sorted(Phase.TERMINAL | {Phase.PENDING, Phase.RUNNING}),
                    help="only runs in this phase")
     h.add_argument("-l", "--selector", help="label selector (the labels runs had at launch)")
+    k = sub.add_parser("console", parents=[connection],
+                       help="a web console on 127.0.0.1: runs, transcripts, the approval "
+                            "inbox, schedules, triggers, cost; every request as you")
+    k.add_argument("--port", type=int, default=8089, help="the local port (default 8089)")
+    k.add_argument("-n", "--namespace", action="append", default=[],
+                   help="a namespace to show besides those you may list (repeatable; "
+                        "default: the context's)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        if args.command == "console":
+            return console(args)
         cluster = Cluster(args.kubeconfig, args.context, args.namespace, args.as_user,
                           args.as_group)
         if args.command in ("replay", "resume"):
@@ -140,6 +151,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Failure as e:
         print(str(e), file=sys.stderr)
         return e.code
+
+
+def console(args: argparse.Namespace) -> int:
+    """Serves the console until Ctrl-C. Its modules (and aiohttp) load only here."""
+    from agentrun_kubectl.console.server import Console, serve
+
+    cluster = Cluster(args.kubeconfig, args.context, None, args.as_user, args.as_group)
+    page = Console(cluster, sorted({*args.namespace, cluster.namespace}), args.port)
+
+    def ready(url: str) -> None:
+        print(f"agentrun console as {args.as_user or 'your kubeconfig user'}, on "
+              f"127.0.0.1 only (Ctrl-C stops it). Open:\n  {url}", flush=True)
+
+    try:
+        asyncio.run(serve(page, ready=ready))
+    except KeyboardInterrupt:
+        return OK
+    except OSError as e:
+        raise Failure(f"cannot serve the console on 127.0.0.1:{args.port}: {e.strerror or e}; "
+                      "another --port?") from e
+    return OK
 
 
 if __name__ == "__main__":
