@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from aiohttp import web
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -441,6 +442,9 @@ class Console:
                 return _json(await asyncio.to_thread(read, request))
             except Refused as e:
                 return _json({"error": str(e), "status": e.status}, e.status)
+            except (urllib3.exceptions.HTTPError, OSError) as e:
+                said = f"cannot reach the Kubernetes API server: {e}"
+                return _json({"error": said, "status": 502}, 502)
         return handler
 
     async def home(self, request: web.Request) -> web.StreamResponse:
