@@ -371,6 +371,7 @@ class Console:
         self.token = token or secrets.token_urlsafe(32)
         self.static = static
         self.user: str | None = None
+        self.streams: set[Any] = set()  # followed transcripts, cut when the console stops
 
     @property
     def url(self) -> str:
@@ -509,6 +510,7 @@ class Console:
         self._harden(response)
         await response.prepare(request)
         lines = iter(upstream.response)
+        self.streams.add(upstream.response)
         try:
             while True:
                 read = asyncio.ensure_future(asyncio.to_thread(next, lines, None))
@@ -525,6 +527,7 @@ class Console:
         except (OSError, ConnectionError):
             pass
         finally:
+            self.streams.discard(upstream.response)
             with contextlib.suppress(Exception):
                 upstream.response.release_conn()
         with contextlib.suppress(ConnectionError, RuntimeError):
@@ -549,4 +552,9 @@ async def serve(console: Console, *, ready: Callable[[str], None]) -> None:
     try:
         await asyncio.Event().wait()
     finally:
+        # A thread reading a followed transcript would hold the exit until its run says
+        # something: cut them.
+        for stream in list(console.streams):
+            with contextlib.suppress(Exception):
+                stream.shutdown()
         await runner.cleanup()

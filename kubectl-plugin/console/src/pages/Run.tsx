@@ -103,14 +103,23 @@ function EntryLine({ e }: { e: Entry }) {
         {call} returned <pre>{json(e.result)}</pre>
       </>
     );
-  else if (e.kind === "approval")
+  else if (e.kind === "approval" && e.author === "agentrun")
     body = (
       <>
-        {e.author === "agentrun" ? "waits for an approval of " : ""}
-        <b>{e.tool}</b>
-        {call} <pre>{json(e.author === "agentrun" ? e.args : e.result)}</pre>
+        waits for an approval of <b>{e.tool}</b>
+        {call} <pre>{json(e.args)}</pre>
       </>
     );
+  else if (e.kind === "approval") {
+    const decided = (e.result ?? {}) as { decision?: string; note?: string };
+    body = (
+      <>
+        {decided.decision === "Deny" ? "denied" : "approved"} <b>{e.tool}</b>
+        {call}
+        {decided.note ? `: ${decided.note}` : ""}
+      </>
+    );
+  }
   else body = <span class="text">error: {e.text}</span>;
   return (
     <li class={`entry entry-${e.kind}${e.state ? ` state-${e.state}` : ""}`}>
