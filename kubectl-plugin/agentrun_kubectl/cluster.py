@@ -127,6 +127,13 @@ class Cluster:
             raise Failure(api_message(e)) from e
         return str(done.status.user_info.username)
 
+    def serves(self, plural: str) -> bool:
+        """Whether the API server serves this agentrun kind (its CRD is installed), from
+        discovery, which every user may read: a list of an absent kind by a user without
+        rights is answered 403, not 404."""
+        found = self._read(f"/apis/{GROUP}/{VERSION}", [])
+        return any(r.get("name") == plural for r in found.get("resources") or [])
+
     def transcript_path(self, run: str) -> str:
         return (f"/apis/{TRANSCRIPT_GROUP}/{TRANSCRIPT_VERSION}/namespaces/{self.namespace}/"
                 f"{TRANSCRIPT_PLURAL}/{run}")

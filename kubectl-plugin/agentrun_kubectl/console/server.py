@@ -314,7 +314,11 @@ def schedules(reader: Reader) -> dict[str, Any]:
 
 def triggers(reader: Reader) -> dict[str, Any]:
     try:
+        if not reader.cluster.serves(TRIGGER_PLURAL):
+            raise KindAbsent(TRIGGER_PLURAL)
         listed = reader.listed(TRIGGER_PLURAL)
+    except Failure as e:
+        raise Refused(e.status or 502, str(e)) from e
     except KindAbsent:
         return {"available": False, "triggers": [], "refused": {},
                 "said": f"This cluster serves no AgentRunTrigger ({TRIGGER_PLURAL}.{GROUP} is "
