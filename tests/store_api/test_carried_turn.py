@@ -24,7 +24,7 @@ from agentrun import store
 from agentrun.store import adk_tables as adk
 from agentrun.vocabulary import RunStatus
 from tests.runner.runs import Run, prepare_run, query
-from tests.store_api import RunnerWorld, call
+from tests.runner_world import RunnerWorld, call
 
 pytestmark = pytest.mark.postgres
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pytest
 
 from agentrun.vocabulary import ANNOTATION_FORCE_REPLAY, FORCER_CLUSTER_ROLE
-from tests.cluster.kube import Kubectl, apply, get, refused, replay_manifest, run_manifest, stored
+from tests.crds.kube import Kubectl, apply, get, refused, replay_manifest, run_manifest, stored
 
 pytestmark = pytest.mark.cluster
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from agentrun.vocabulary import GROUP, REPLAY_PLURAL, RUN_PLURAL, VERSION
-from tests.cluster.kube import Kubectl, apply, replay_manifest, run_manifest, stored, table
+from tests.crds.kube import Kubectl, apply, replay_manifest, run_manifest, stored, table
 
 pytestmark = pytest.mark.cluster
 

@@ -123,7 +123,7 @@ def test_unknown_tools_are_refused(system: System, namespace: str) -> None:
 
     The decision reads the store, so that is where we make it unknown (NULL), as a settle
     that could not count leaves it; the status keeps its [] (the operator's safety net
-    acts on a null status, and would race this test). tests/replay/test_handler.py covers
+    acts on a null status, and would race this test). tests/operator/replay/test_handler.py covers
     the null through the handler.
     """
     run = evicted_before_any_tool(system, namespace, "murky")

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from agentrun.vocabulary import API_VERSION, REPLAY_KIND, RUN_KIND
-from tests.cluster.kube import Kubectl, stored
+from tests.crds.kube import Kubectl, stored
 
 pytestmark = pytest.mark.cluster
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.kube import (
+from tests.crds.kube import (
     PROBE_NAMESPACE,
     PROBE_USER,
     Kubectl,

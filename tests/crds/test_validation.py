@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.kube import Kubectl, apply, get, refused, replay_manifest, run_manifest
+from tests.crds.kube import Kubectl, apply, get, refused, replay_manifest, run_manifest
 
 pytestmark = pytest.mark.cluster
 

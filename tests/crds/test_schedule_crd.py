@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.kube import Kubectl, apply, refused, schedule_manifest, stored, table
+from tests.crds.kube import Kubectl, apply, refused, schedule_manifest, stored, table
 
 pytestmark = pytest.mark.cluster
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agentrun.vocabulary import AGENT_KIND, AGENT_PLURAL, API_VERSION, GROUP
-from tests.cluster.kube import Kubectl, apply, refused, stored
+from tests.crds.kube import Kubectl, apply, refused, stored
 
 pytestmark = pytest.mark.cluster
 

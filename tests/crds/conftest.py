@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.cluster.kube import (
+from tests.crds.kube import (
     PROBE_NAMESPACE,
     PROBE_USER,
     Kubectl,

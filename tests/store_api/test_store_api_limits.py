@@ -36,7 +36,7 @@ from agentrun import store
 from agentrun.store import adk_tables as adk
 from agentrun.vocabulary import Reason, RunStatus
 from tests.runner.runs import Run, prepare_run, query
-from tests.store_api import TRUST, RunnerWorld, StoreAPIProcess, call
+from tests.runner_world import TRUST, RunnerWorld, StoreAPIProcess, call
 
 pytestmark = pytest.mark.postgres
 

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from agentrun.vocabulary import API_VERSION, REPLAY_KIND, RUN_KIND, SCHEDULE_KIND
 
-# Who the `policies` fixture (tests/cluster/conftest.py) probes the admission policies as.
+# Who the `policies` fixture (tests/crds/conftest.py) probes the admission policies as.
 PROBE_NAMESPACE = "agentrun-policy-probe"
 PROBE_USER = "policy-probe"
 

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from agentrun import effects, store
 from agentrun.vocabulary import ENV_SCRIPT_TRANSCRIPT, ApprovalDecision, Reason, RunStatus
 from tests.runner.runs import Run, prepare_run, query, run_runner
-from tests.store_api import RunnerWorld, call
+from tests.runner_world import RunnerWorld, call
 
 pytestmark = pytest.mark.postgres
 

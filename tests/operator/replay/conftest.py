@@ -1,15 +1,13 @@
 """Replay tests: the `system` (operator process, control plane, development node, Postgres)
 and `namespace` fixtures come from tests/cluster_fixtures.py, the replay's helpers from
 tests/replays.py; here are `policies`, which waits until the force-replay admission policy
-is in force, and `the_machines_dev_cluster`."""
+is in force."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import subprocess
 import time
-from collections.abc import Iterator
 
 import pytest
 from agentrun_devtools.controlplane import ControlPlane
@@ -38,14 +36,3 @@ def policies(crds: ControlPlane) -> ControlPlane:
             return crds
         assert time.monotonic() < deadline, f"force policy not enforced: {done.stderr}"
         time.sleep(0.5)
-
-
-@pytest.fixture
-def the_machines_dev_cluster() -> Iterator[None]:
-    """Held by the tests that type the README's and the demo's commands as a newcomer does
-    (make dev-cluster, make run, make demo): those serve on the fixed addresses a newcomer
-    gets (the store API on 127.0.0.1:8089), so two test processes must not run them at
-    once. A lock on the machine, not on the session: make test runs two sessions."""
-    with open("/tmp/agentrun-tests-dev-cluster.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield

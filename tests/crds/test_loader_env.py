@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from agentrun.vocabulary import LoaderEnv
-from tests.cluster.kube import Kubectl, apply, refused, run_manifest
+from tests.crds.kube import Kubectl, apply, refused, run_manifest
 
 pytestmark = pytest.mark.cluster
 
