@@ -21,7 +21,8 @@ _LONGEST_FIRST = ("tests/devtools/test_demo.py", "tests/operator/test_schedules.
                   "tests/devtools/test_readme.py", "tests/store_api/test_store_api_limits.py",
                   "tests/operator/test_transcript.py", "tests/operator/test_restarts.py",
                   "tests/operator/replay/test_manual_resume.py",
-                  "tests/runner/test_litellm_provider.py")
+                  "tests/runner/test_litellm_provider.py",
+                  "tests/kubectl/test_console_browser.py")
 
 
 def _file_of(item: pytest.Item) -> str:

@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from agentrun_kubectl.approve import whole_arguments
+from agentrun_kubectl.cluster import REFUSED, Failure
 
 from agentrun.effects import args_digest
-from agentrun.kubectl_plugin import REFUSED, Failure, whole_arguments
 from agentrun.vocabulary import TRANSCRIPT_AUTHOR, EntryKind
 
 ARGS = {"body": "x" * 1900, "to": "attacker@evil.example"}

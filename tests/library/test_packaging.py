@@ -32,7 +32,8 @@ from packaging.requirements import Requirement
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = {"agentrun": REPO / "agentrun", "agentrun_operator": REPO / "operator" /
            "agentrun_operator", "agentrun_runner": REPO / "runner-image" / "agentrun_runner",
-           "agentrun_store_api": REPO / "store-api-image" / "agentrun_store_api"}
+           "agentrun_store_api": REPO / "store-api-image" / "agentrun_store_api",
+           "agentrun_kubectl": REPO / "kubectl-plugin" / "agentrun_kubectl"}
 
 
 @dataclass(frozen=True)
@@ -73,11 +74,11 @@ PROGRAMS = {
                    "prometheus-client"),
         dockerfile="runner-image/Dockerfile"),
     "kubectl-agentrun": Program(
-        "kubectl", ("agentrun.kubectl_plugin",),
+        "kubectl", ("agentrun_kubectl.main",),
         # Reading the store itself (DATABASE_URL) needs agentrun[kubectl,store]; the
         # plugin says so when it is missing.
-        elsewhere=(Elsewhere("agentrun.kubectl_plugin", "agentrun.store", "store"),
-                   Elsewhere("agentrun.kubectl_plugin", "sqlalchemy", "store")),
+        elsewhere=(Elsewhere("agentrun_kubectl.tools", "agentrun.store", "store"),
+                   Elsewhere("agentrun_kubectl.tools", "sqlalchemy", "store")),
         forbidden=("google-adk", "kopf", "litellm", "sqlalchemy", "psycopg", "alembic")),
 }
 

@@ -11,8 +11,7 @@ import time
 
 import pytest
 from agentrun_devtools.controlplane import ControlPlane
-
-from agentrun.kubectl_plugin import replay_manifest
+from agentrun_kubectl.replay import replay_manifest
 
 
 @pytest.fixture(scope="session")

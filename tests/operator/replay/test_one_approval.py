@@ -10,8 +10,8 @@ from collections import Counter
 from pathlib import Path
 
 from agentrun_devtools.processes import wait_for
+from agentrun_kubectl.replay import replay_manifest
 
-from agentrun.kubectl_plugin import replay_manifest
 from agentrun.vocabulary import ReplayPhase, ReplayReason
 from tests.harness import Operator, System
 from tests.replays import evicted_before_any_tool, replay_runs, wait_decided
