@@ -11,6 +11,7 @@ import os
 import re
 import ssl
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrun_devtools.controlplane import ControlPlane
-from agentrun_devtools.forkserver import ForkServer, Unavailable
+from agentrun_devtools.forkserver import Forks
 from agentrun_devtools.processes import Child, ProcessDied, wait_for
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -44,28 +45,13 @@ UNSCHEDULED = "agentrun-tests-unscheduled"
 _names = itertools.count(1)
 # The store API processes of this test session are forked from one that imported the store
 # API once (agentrun_devtools.forkserver): 2.4 s of CPU each instead, for a test session
-# that starts one per store. None: not started yet; False: this machine cannot fork them.
-_forks: ForkServer | bool | None = None
-_PRELOAD = ("agentrun_store_api.main", "agentrun_store_api.app", "agentrun_store_api.routes",
-            "kubernetes.config", "google.adk.sessions.database_session_service",
-            "google.adk.events.event", "google.adk.sessions.session")
-
-
-def store_api_forks(work: Path, env: dict[str, str]) -> ForkServer | None:
-    """The session's fork server of the store API (started on first use) for a process
-    with `env`, or None. Imported modules keep what they read of the environment when they
-    were imported (kubernetes.config its default KUBECONFIG): the server is started with
-    the environment of the first, and serves only those with the same KUBECONFIG."""
-    global _forks
-    if _forks is None:
-        try:
-            _forks = ForkServer(Path(sys.executable), "agentrun_store_api.main", work,
-                                preload=_PRELOAD, flags=(), env=env).start()
-        except Unavailable:
-            _forks = False
-    if isinstance(_forks, ForkServer) and _forks.env.get("KUBECONFIG") == env.get("KUBECONFIG"):
-        return _forks
-    return None
+# that starts one per store.
+STORE_API_FORKS = Forks(Path(sys.executable), "agentrun_store_api.main",
+                        Path(tempfile.gettempdir()) / f"agentrun-forks-{os.getpid()}", flags=(),
+                        preload=("agentrun_store_api.main", "agentrun_store_api.app",
+                                 "agentrun_store_api.routes", "kubernetes.config",
+                                 "google.adk.sessions.database_session_service",
+                                 "google.adk.events.event", "google.adk.sessions.session"))
 
 
 class StoreAPIProcess:
@@ -82,7 +68,7 @@ class StoreAPIProcess:
             [str(Path(sys.executable).parent / "agentrun-store-api"), "--listen",
              "127.0.0.1:0", "--database-url", database_url, "--tls-cert-file", str(tls.cert),
              "--tls-private-key-file", str(tls.key), f"--metrics-port={metrics_port}"],
-            log_path, env=env, forks=store_api_forks(log_path.parent, env))
+            log_path, env=env, forks=STORE_API_FORKS.for_env(env))
         self.log_path, self.metrics_port = log_path, metrics_port
         self.url = ""
 

@@ -169,6 +169,44 @@ class ForkServer:
             self.socket_path.parent.rmdir()
 
 
+class Forks:
+    """Fork servers of one program, started on first use: one per value of the variables
+    its imports read (a module keeps what it read of the environment when it was imported:
+    kubernetes.config its default KUBECONFIG), so that a child is forked only from a
+    server that imported what a fresh process would have. Where a server cannot start,
+    `for_env` answers None for good and the caller starts processes the ordinary way."""
+
+    def __init__(self, python: Path, module: str, work: Path, *,
+                 preload: Sequence[str] = (), flags: Sequence[str] = ("-I",),
+                 read_at_import: Sequence[str] = ("KUBECONFIG",)) -> None:
+        self.python, self.module, self.work = python, module, work
+        self.preload, self.flags, self.read_at_import = preload, flags, tuple(read_at_import)
+        self.servers: dict[tuple[str | None, ...], ForkServer] = {}
+        self.unavailable = False
+        self.lock = threading.Lock()
+
+    def for_env(self, env: Mapping[str, str]) -> ForkServer | None:
+        """The server for a process whose whole environment is `env`, or None."""
+        key = tuple(env.get(name) for name in self.read_at_import)
+        with self.lock:
+            if self.unavailable:
+                return None
+            found = self.servers.get(key)
+            if found is None or (found.process is not None and found.process.poll() is not None):
+                try:
+                    found = self.servers[key] = ForkServer(
+                        self.python, self.module, self.work, preload=self.preload,
+                        flags=self.flags, env=env).start()
+                except Unavailable:
+                    self.unavailable = True
+                    return None
+            return found
+
+    def stop(self) -> None:
+        for server in self.servers.values():
+            server.stop()
+
+
 _PR_SET_PDEATHSIG = 1
 
 
