@@ -48,8 +48,11 @@ _names = itertools.count(1)
 # that starts one per store.
 STORE_API_FORKS = Forks(Path(sys.executable), "agentrun_store_api.main",
                         Path(tempfile.gettempdir()) / f"agentrun-forks-{os.getpid()}", flags=(),
-                        preload=("agentrun_store_api.main", "agentrun_store_api.app",
-                                 "agentrun_store_api.routes", "kubernetes.config",
+                        # What main.py imports, not main.py itself: `-m` runs it as
+                        # __main__, and a copy under its own name would run it twice.
+                        preload=("agentrun_store_api.app", "agentrun_store_api.routes",
+                                 "agentrun_store_api.transcripts", "agentrun_store_api.tls",
+                                 "kubernetes.config", "kubernetes.client",
                                  "google.adk.sessions.database_session_service",
                                  "google.adk.events.event", "google.adk.sessions.session"))
 
