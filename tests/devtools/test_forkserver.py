@@ -46,6 +46,16 @@ def _said(log: Path) -> dict[str, Any]:
     return dict(json.loads(log.read_text().splitlines()[0]))
 
 
+def _until_said(log: Path, child: Any) -> None:
+    """Until the child has printed its line (or ended): a signal sent before it ran its
+    first line would leave nothing to read."""
+    deadline = time.monotonic() + 30
+    while not (log.exists() and log.read_text().strip()) and child.poll() is None:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the child printed nothing in 30 s: {log}")
+        time.sleep(0.02)
+
+
 def test_a_forked_process_is_what_was_asked_for(server: ForkServer, tmp_path: Path) -> None:
     log = tmp_path / "child.log"
     env = {"ONLY": "this", "CODE": "3"}
@@ -60,6 +70,7 @@ def test_a_forked_process_is_what_was_asked_for(server: ForkServer, tmp_path: Pa
         assert [a.decode() for a in cmdline] == shown
         assert [e.decode() for e in environ] == ["ONLY=this", "CODE=3"]
         assert child.poll() is None
+        _until_said(log, child)
     finally:
         child.terminate()
     assert child.wait(30) == -signal.SIGTERM
