@@ -19,9 +19,9 @@ by TokenRequest: tests/runner_world.py). Then:
    refused), and among them 16 MiB bodies where a ledger row belongs and 300,000-word
    memory queries (one of each per 100 requests). B starts once the flooder says its
    first request was answered (the flood is under way, not assumed to be after a sleep),
-   writes ledger rows all along, at least `--writes`, and every one it writes while A
-   floods counts (B moves to a new run of its tenant before one attempt's 2,000 rows are
-   used up);
+   writes ledger rows all along, at least `--writes`, and every one it begins before A's
+   last request was answered counts (B moves to a new run of its tenant before one
+   attempt's 2,000 rows are used up);
 3. idle, after: the same as 1 once the flooder has exited, so that the anchor is the
    idle store API on both sides of the flood (the machine's load drifts).
 
@@ -156,6 +156,7 @@ def flood(url: str, token_file: Path, session: str, connections: int, ca: Path) 
         first(client)
         for f in [pool.submit(one, client) for _ in range(connections)]:
             f.result()
+        stamps["ended at"] = time.time()  # the last request answered
     print(json.dumps({"got": dict(got), **stamps}), flush=True)
     return 0
 
@@ -298,14 +299,22 @@ def main() -> int:
                 if flooder.poll() is None:
                     flooder.kill()
             told = json.loads(report.strip().splitlines()[-1]) if report.strip() else {}
-            got, spent = told.get("got", {}), told.get("quota spent at")
+            got, spent, ended = told.get("got", {}), told.get("quota spent at"), \
+                told.get("ended at")
+            if ended is None:
+                raise RuntimeError(f"the flooder did not say when it ended: {report!r}")
+            # B writes until the flooder's process is gone: a write begun after A's last
+            # request was answered was not written during the flood.
+            tail = [(t, took) for t, took in flooded if t - took > ended]
+            flooded = [(t, took) for t, took in flooded if t - took <= ended]
             after = asyncio.run(ledger_writes(api.url, writers, args.writes, args.warmup,
                                               args.pause, ca=tls.ca.read_text()))
 
             say(f"\nTenant B's ledger write (open_call + close_call through StoreClient; in "
                 f"brackets the ratio to idle): "
                 f"{len(idle)} idle, then {len(flooded)} while tenant A floods with "
-                f"{args.connections} connections, then {len(after)} idle again, each after "
+                f"{args.connections} connections ({len(tail)} more once A's last request "
+                f"was answered, not counted), then {len(after)} idle again, each after "
                 f"{args.warmup} warm-up; the anchor is both idle runs pooled")
             say("| | p50 | p95 | p99 |\n|---|---|---|---|")
             a = percentiles([s for _, s in idle + after])

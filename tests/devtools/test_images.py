@@ -46,6 +46,8 @@ NAMES = {
     "postgres": "docker.io/agentrun/postgres:dev",
 }
 UIDS = {"operator": 10001, "store-api": 10001, "runner": 10001, "postgres": 999}
+# Where Debian keeps the CA bundle its TLS libraries read.
+DEBIAN_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
 @pytest.fixture(scope="module")
@@ -340,9 +342,11 @@ def test_a_planted_host_ca_reaches_the_build_steps_and_stays_out_of_the_image(
     marker = pem.splitlines()[2]  # a line of the body: grep -F finds it in the bundle
     assert "".join(marker.split()) in body
     dockerfile = tmp_path / "Dockerfile"
+    # The RUN step looks where Debian's tools do (OpenSSL's cert.pem links there; apt and
+    # pip read it), not where images.py says it mounts: a mount elsewhere must fail here.
     dockerfile.write_text(
         "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\n"
-        f"RUN grep -qF '{marker}' {images.IMAGE_CA} && echo seen > /etc/planted-ca-seen\n")
+        f"RUN grep -qF '{marker}' {DEBIAN_BUNDLE} && echo seen > /etc/planted-ca-seen\n")
     probe = images.Image("ca-probe", dockerfile, f"localhost/agentrun/ca-probe-{os.getpid()}:test")
     buildah = images.choose_buildah(images.cache_root())
     try:

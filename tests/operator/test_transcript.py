@@ -302,8 +302,8 @@ def test_follow_streams_a_live_run_and_ends_when_it_settles(
     assert said[0] == ("input", None) and said[-1] == ("text", None), said
     first_call = next(at for at, e in streamed if e.get("tool") == "read_message")
     # The first call was streamed while the run was still at it: before the model (6 s of
-    # thought later) had even started the second call, as its ledger row records. How
-    # soon a line arrives is measured by bench/, not bounded here.
+    # thought later) had even started the second call, as its ledger row records. An
+    # order of two moments, not a bound on how soon a line arrives (no timing here).
     [crm] = [c for c in transcripts.store(lambda e: store.ledger(e, run["metadata"]["uid"]))
              if c.tool == "update_crm"]
     assert first_call < crm.started_at.timestamp(), (first_call, crm.started_at, streamed)
