@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrun import store
+from agentrun import agents, store
+from agentrun.transcript import entries_of
 from agentrun.vocabulary import Reason, RunnerExit
 from tests.mcp_server import CrmServer
 from tests.runner.runs import Run, explain, outcome, prepare_run, query, run_runner, snapshot_of
@@ -39,6 +40,10 @@ def image(tmp_path: Path) -> tuple[Path, Path]:
     return agents_dir, marker
 
 
+# The value of the sub-agent's Secret header, as the kubelet would put it in the pod's env.
+SECRET = "Bearer billing-s3cr3t-7f3a"
+
+
 @pytest.mark.parametrize(("function", "said"), [
     ("tenant_side.grab", "tenant_side.grab is not marked as a tool"),
     ("subprocess.getoutput", "names the function subprocess.getoutput, of Python's standard"),
@@ -48,12 +53,25 @@ def image(tmp_path: Path) -> tuple[Path, Path]:
 def test_a_function_the_image_does_not_ship_as_a_tool_never_runs(
         pg_store: str, crm: CrmServer, image: tuple[Path, Path], function: str,
         said: str) -> None:
+    """The tenant's Agent names the function over a sub-agent whose MCP header is a Secret
+    it may not read (the runner has that Secret in its env, as the operator puts it): the
+    model asks for the env, and for a marker file; nothing runs, and the Secret is in
+    nothing the tenant reads back (the outcome the run's status shows, the transcript)."""
     agents_dir, marker = image
-    run = prepare_run(pg_store, "fn-refused", agent="triage", agent_snapshot=snapshot_of(
-        crm.url, tools=[{"function": function}]))
+    snapshot = snapshot_of(crm.url, tools=[{"function": function}],
+                           subAgents=[{"name": "billing"}])
+    snapshot["agents"]["billing"] = {
+        "instruction": "Answer billing questions.",
+        "mcpServers": [{"name": "crm", "url": crm.url, "headers": [
+            {"name": "Authorization",
+             "valueFrom": {"secretKeyRef": {"name": "billing-crm", "key": "token"}}}]}]}
+    run = prepare_run(pg_store, "fn-refused", agent="triage", agent_snapshot=snapshot)
     name = function.rpartition(".")[2]
-    done = run_runner(run, [{"call": name, "args": {"cmd": f"touch {marker}"}},
-                            {"text": "never"}], AGENTRUN_AGENTS_DIR=str(agents_dir))
+    header = agents.header_env("billing", "crm", "Authorization")
+    done = run_runner(run, [{"call": name, "args": {"cmd": f"touch {marker}; env"}},
+                            {"call": name, "args": {"key": header}},
+                            {"text": "never"}],
+                      AGENTRUN_AGENTS_DIR=str(agents_dir), **{header: SECRET})
     assert done.returncode == RunnerExit.AGENT_INVALID, explain(done)
     got = outcome(run)
     assert got is not None and got.reason == Reason.AGENT_INVALID
@@ -61,6 +79,11 @@ def test_a_function_the_image_does_not_ship_as_a_tool_never_runs(
     assert not marker.exists()
     assert crm.calls() == []
     nothing_ran(run)
+    facts = query(run.url, lambda e: store.transcript_facts(e, run.uid))
+    assert facts is not None
+    shown = json.dumps([str(got.message), entries_of(facts)], default=str)
+    assert "billing-s3cr3t" not in shown
+    assert "billing-s3cr3t" not in done.stdout + done.stderr  # the pod's log
 
 
 # -- a run only tightens ------------------------------------------------------------------------
