@@ -28,7 +28,7 @@ from agentrun.vocabulary import (
     ReplayReason,
 )
 from tests import kstatus
-from tests.harness import System, agent_run, in_namespace
+from tests.harness import System, agent_run, as_operator, in_namespace
 from tests.mcp_server import CrmServer, crm_server
 
 AGENTS = f"agents.{GROUP}"
@@ -524,3 +524,35 @@ def test_a_run_that_loosens_the_images_code_fails_before_any_tool(
     assert said in status["message"], status["message"]
     assert status["toolsExecuted"] == []
     assert system.store(lambda e: store.outbox(e, name)) == []
+
+
+def test_what_loosens_the_charts_policy_is_refused_at_launch(
+        system: System, namespace: str, crm: CrmServer) -> None:
+    """The operator's --tool-policy (the chart's toolPolicy) against a run's spec.tools and
+    an Agent's effects, at launch (as the pin step of a run sees them; the chart's
+    admission refuses the same on a cluster that installs it)."""
+    from agentrun_operator.agents import Pin, pin
+
+    chart = json.dumps([{"name": "close_account", "approval": "Required"},
+                        {"name": "update_ticket", "effect": "Idempotent"}])
+    system.apply(in_namespace(triage(crm.url, effects=[
+        {"name": "update_ticket", "effect": "ReadOnly"}]), namespace))
+    ready(system, namespace, "triage")
+
+    def pinned(name: str, **spec: Any) -> Pin:
+        run = in_namespace(agent_run(name, [{"text": "never"}], **spec), namespace)
+        run["metadata"]["uid"] = str(uuid.uuid4())
+        return as_operator(system, lambda ctx: pin(ctx, run), tool_policy=chart)
+
+    lifted = pinned("lifts-chart", tools=[{"name": "close_account", "approval": "None"}])
+    assert lifted.refusal is not None and lifted.refusal[0] == Reason.POLICY_VIOLATION
+    assert ("the run's spec.tools says approval None for the tool close_account, which the "
+            "chart's policy declares stricter") in lifted.refusal[1]
+    assert "No pod was started" in lifted.refusal[1]
+    loosened = pinned("agent-loosens", agent="triage")
+    assert loosened.refusal is not None and (
+        "the Agent's effects says ReadOnly (where it says Idempotent) for the tool "
+        "update_ticket, which the chart's policy declares stricter") in loosened.refusal[1]
+    tightened = pinned("tightens", tools=[{"name": "close_account", "effect": "Effectful",
+                                           "approval": "Required"}])
+    assert tightened == Pin(None)

@@ -188,3 +188,36 @@ def test_an_agent_that_loosens_the_images_code_fails_policy_violation(
     assert said in str(got.message), got.message
     assert not marker.exists()
     nothing_ran(run)
+
+
+# -- the chart's policy: the most trusted word -------------------------------------------------
+
+CHART = [{"name": "send_email", "approval": "Required", "approvalTimeoutSeconds": 600}]
+EMAIL = {"to": "c42@example.com", "body": "Your refund is on its way."}
+
+
+def test_the_charts_policy_makes_a_call_wait_for_an_approval(pg_store: str) -> None:
+    """The chart says send_email waits for an approval; neither the code, the Agent nor the
+    run says so: the call is written down as waiting, never run."""
+    run = prepare_run(pg_store, "chart-waits")
+    done = run_runner(run, [{"call": "send_email", "args": EMAIL}, {"text": "never"}],
+                      AGENTRUN_TOOL_POLICY=json.dumps(CHART))
+    assert done.returncode == RunnerExit.AWAITING_APPROVAL, explain(done)
+    waiting = query(run.url, lambda e: store.pending_approval(e, run.uid))
+    assert waiting is not None and waiting.tool == "send_email"
+    # The chart's timeout: expiresAt is taken a moment before the row's requestedAt.
+    assert 590 < (waiting.expires_at - waiting.requested_at).total_seconds() <= 600
+    nothing_ran(run)
+
+
+def test_a_run_that_lifts_the_charts_approval_fails_policy_violation(pg_store: str) -> None:
+    run = prepare_run(pg_store, "chart-lifted")
+    done = run_runner(run, [{"call": "send_email", "args": EMAIL}, {"text": "never"}],
+                      AGENTRUN_TOOL_POLICY=json.dumps(CHART),
+                      AGENTRUN_TOOLS=json.dumps([{"name": "send_email", "approval": "None"}]))
+    assert done.returncode == RunnerExit.POLICY_VIOLATION, explain(done)
+    got = outcome(run)
+    assert got is not None and got.reason == Reason.POLICY_VIOLATION
+    assert ("the run's spec.tools says approval None for the tool send_email, which the "
+            "chart's policy declares stricter") in str(got.message), got.message
+    nothing_ran(run)
