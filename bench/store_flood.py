@@ -235,10 +235,10 @@ def main() -> int:
             apply_crds(plane)
             url = pg.create_database("flood")
             asyncio.run(store.migrate(url))
-            world = RunnerWorld(plane, "bench-flood-a", work)
+            world = RunnerWorld(plane, "solo-bench-flood-a", work)
             stack.callback(world.stop)
-            world.create_namespace("bench-flood-a")
-            world.create_namespace("bench-flood-b")
+            world.create_namespace("solo-bench-flood-a")
+            world.create_namespace("solo-bench-flood-b")
             api = world.store_api(url)
 
             def runner(tag: str, namespace: str) -> tuple[Path, str]:
@@ -264,11 +264,11 @@ def main() -> int:
                             {"sessionId": session})[0] == 200
                 return me.token_file, session
 
-            flooder_token, flooder_session = runner("flooder", "bench-flood-a")
+            flooder_token, flooder_session = runner("flooder", "solo-bench-flood-a")
             # Enough of B's runs for the longest flood this machine has seen, and more made
             # should it last longer.
-            made = [runner(f"writer{i}", "bench-flood-b")[0] for i in range(6)]
-            writers = itertools.chain(made, (runner(f"writer{i}", "bench-flood-b")[0]
+            made = [runner(f"writer{i}", "solo-bench-flood-b")[0] for i in range(6)]
+            writers = itertools.chain(made, (runner(f"writer{i}", "solo-bench-flood-b")[0]
                                              for i in itertools.count(len(made))))
             say(f"bench/store_flood.py, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} "
                 f"UTC, {os.cpu_count()} CPUs: Postgres {pg.port} (fsync=off), "
