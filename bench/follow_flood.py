@@ -8,7 +8,7 @@ writes take then, against the same writes to an idle store API (api.md, Tenant p
 Starts its own throwaway Postgres (fsync=off, as the test server), a real control plane
 with agentrun's CRDs and the front-proxy flags an aggregated API needs, and one real
 `agentrun-store-api` process serving both what the chart's store API serves: the runners'
-routes (TLS, tokens bound to pods by TokenRequest: tests/store_api.py) and the transcript
+routes (TLS, tokens bound to pods by TokenRequest: tests/runner_world.py) and the transcript
 API (`--transcript-listen`, registered as APIService v1alpha1.store.agentrun.dev, reached
 through the API server). Two tenants, two namespaces:
 
@@ -65,7 +65,7 @@ for extra in (ROOT / "devtools", ROOT / "runner-image", ROOT / "store-api-image"
         sys.path.insert(0, str(extra))
 
 from agentrun_devtools.stats import results_file, write_results  # noqa: E402
-from store_flood import Report, ledger_writes, load, percentiles  # noqa: E402
+from store_flood import Report, begun, ledger_writes, load, percentiles  # noqa: E402
 
 from agentrun import store  # noqa: E402
 
@@ -190,7 +190,7 @@ def main() -> int:
     from agentrun_store_api.transcripts import FOLLOWS_PER_USER
 
     from tests.cluster_fixtures import apply_crds
-    from tests.store_api import RunnerWorld, call
+    from tests.runner_world import RunnerWorld
 
     say = Report()
     work = Path(tempfile.mkdtemp(prefix="agentrun-bench-follow-"))
@@ -216,23 +216,8 @@ def main() -> int:
 
             def attempt(tag: str, namespace: str) -> tuple[str, Path]:
                 """A run recorded in the store, its first attempt begun: (name, token)."""
-                name, uid = world.agent_run(tag, namespace=namespace)
-
-                async def record() -> None:
-                    engine = store.make_engine(url)
-                    try:
-                        digest = await store.put_input(
-                            engine, "bench", {}, key=await store.installation_key(engine))
-                        await store.record_run(engine, uid, namespace, name, "support-agent",
-                                               "manual", "bench", digest)
-                        await store.start_attempt(engine, uid, 1, f"{uid}-1", f"{name}-1")
-                    finally:
-                        await engine.dispose()
-
-                asyncio.run(record())
-                me = world.identity(name, uid, 1, namespace=namespace)
-                assert call(api.url, "POST", "/v1/attempt/begin", me.token, {})[0] == 200
-                return name, me.token_file
+                name, token_file, _ = begun(world, api.url, url, tag, namespace)
+                return name, token_file
 
             # A's live run, the one followed (its AgentRun has no phase yet: live).
             followed, _ = attempt("followed", A)
