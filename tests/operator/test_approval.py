@@ -336,6 +336,11 @@ def test_nobody_writes_or_changes_who_created_a_run(system: System, eve: str) ->
     assert changed.returncode != 0
     assert "agentrun.dev/created-by says who created the run and never changes" in (
         changed.stderr)
+    removed = system.kubectl("annotate", "agentrun", "forged", "-n", ns,
+                             f"{ANNOTATION_CREATED_BY}-", as_user="eve", check=False)
+    assert removed.returncode != 0
+    assert "agentrun.dev/created-by says who created the run and never changes" in (
+        removed.stderr)
     assert system.run(ns, "forged")["metadata"]["annotations"][ANNOTATION_CREATED_BY] == "eve"
 
 
