@@ -122,7 +122,9 @@ def follow(server: str, port: int, ca: str, cert: str, key: str, path: str, foll
                         answered.wait()
                     if not at_once and wait.isdigit():
                         time.sleep(min(float(wait), max(0.0, deadline - time.monotonic())))
-            except (OSError, http.client.HTTPException) as e:
+            # A stream still held at the deadline is closed under its reader (its
+            # response's file is gone then: AttributeError).
+            except (OSError, http.client.HTTPException, AttributeError) as e:
                 code = type(e).__name__
                 if time.monotonic() >= deadline:
                     break
