@@ -390,6 +390,9 @@ class RunnerEnv:
     # The digest of the Agent snapshot the run pinned at launch (empty: an image agent);
     # the runner asks the store API for that snapshot, by the run its token speaks for.
     AGENT_DIGEST: Final = "AGENTRUN_AGENT_DIGEST"
+    # The chart's toolPolicy (JSON, as spec.tools): the most trusted word on what a tool
+    # does and whether it waits for an approval (agentrun.policy).
+    TOOL_POLICY: Final = "AGENTRUN_TOOL_POLICY"
 
 
 # Where the operator puts, through valueFrom (the kubelet resolves it), the value of each

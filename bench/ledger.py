@@ -90,7 +90,7 @@ from agentrun.vocabulary import STORE_AUDIENCE  # noqa: E402
 from tests.cluster_fixtures import apply_crds  # noqa: E402
 from tests.runner_world import Identity, RunnerWorld  # noqa: E402
 
-NAMESPACE = "bench-ledger"
+NAMESPACE = "solo-bench-ledger"
 AGENT = "bench-agent"
 USER = "bench"
 DIGEST = store.args_digest({"to": "x@example.com", "body": "hello"})

@@ -54,6 +54,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parent.parent
 for extra in (ROOT / "devtools", ROOT / "runner-image", ROOT / "store-api-image", ROOT):
@@ -64,6 +65,9 @@ import httpx  # noqa: E402
 from agentrun_devtools.stats import results_file, write_results  # noqa: E402
 
 from agentrun import store  # noqa: E402
+
+if TYPE_CHECKING:
+    from tests.runner_world import RunnerWorld
 
 MiB = 1024 * 1024
 EVENTS = 10_000
@@ -161,6 +165,36 @@ def flood(url: str, token_file: Path, session: str, connections: int, ca: Path) 
     return 0
 
 
+# -- the runs ---------------------------------------------------------------------------------
+
+
+def begun(world: RunnerWorld, api_url: str, url: str, tag: str,
+          namespace: str) -> tuple[str, Path, str]:
+    """A run of `namespace` recorded in the store at `url`, its first attempt begun through
+    the store API at `api_url` and its session created: (run name, token file, session)."""
+    from tests.runner_world import call
+
+    name, uid = world.agent_run(tag, namespace=namespace)
+    session = f"{uid}-1"
+
+    async def record() -> None:
+        engine = store.make_engine(url)
+        try:
+            digest = await store.put_input(engine, "bench", {},
+                                           key=await store.installation_key(engine))
+            await store.record_run(engine, uid, namespace, name, "support-agent", "manual",
+                                   "bench", digest)
+            await store.start_attempt(engine, uid, 1, session, f"{name}-1")
+        finally:
+            await engine.dispose()
+
+    asyncio.run(record())
+    me = world.identity(name, uid, 1, namespace=namespace)
+    assert call(api_url, "POST", "/v1/attempt/begin", me.token, {})[0] == 200
+    assert call(api_url, "POST", "/v1/sessions", me.token, {"sessionId": session})[0] == 200
+    return name, me.token_file, session
+
+
 # -- tenant B's ledger writes ----------------------------------------------------------------
 
 
@@ -222,7 +256,7 @@ def main() -> int:
     from agentrun_devtools.postgres import Postgres
 
     from tests.cluster_fixtures import apply_crds
-    from tests.runner_world import RunnerWorld, call
+    from tests.runner_world import RunnerWorld
 
     say = Report()
     work = Path(tempfile.mkdtemp(prefix="agentrun-bench-flood-"))
@@ -236,40 +270,22 @@ def main() -> int:
             apply_crds(plane)
             url = pg.create_database("flood")
             asyncio.run(store.migrate(url))
-            world = RunnerWorld(plane, "bench-flood-a", work)
+            world = RunnerWorld(plane, "solo-bench-flood-a", work)
             stack.callback(world.stop)
-            world.create_namespace("bench-flood-a")
-            world.create_namespace("bench-flood-b")
+            world.create_namespace("solo-bench-flood-a")
+            world.create_namespace("solo-bench-flood-b")
             api = world.store_api(url)
 
             def runner(tag: str, namespace: str) -> tuple[Path, str]:
                 """An attempt begun, its session created: (token file, session id)."""
-                name, uid = world.agent_run(tag, namespace=namespace)
-                session = f"{uid}-1"
+                _, token_file, session = begun(world, api.url, url, tag, namespace)
+                return token_file, session
 
-                async def record() -> None:
-                    engine = store.make_engine(url)
-                    try:
-                        digest = await store.put_input(
-                            engine, "bench", {}, key=await store.installation_key(engine))
-                        await store.record_run(engine, uid, namespace, name, "support-agent",
-                                               "manual", "bench", digest)
-                        await store.start_attempt(engine, uid, 1, session, f"{name}-1")
-                    finally:
-                        await engine.dispose()
-
-                asyncio.run(record())
-                me = world.identity(name, uid, 1, namespace=namespace)
-                assert call(api.url, "POST", "/v1/attempt/begin", me.token, {})[0] == 200
-                assert call(api.url, "POST", "/v1/sessions", me.token,
-                            {"sessionId": session})[0] == 200
-                return me.token_file, session
-
-            flooder_token, flooder_session = runner("flooder", "bench-flood-a")
+            flooder_token, flooder_session = runner("flooder", "solo-bench-flood-a")
             # Enough of B's runs for the longest flood this machine has seen, and more made
             # should it last longer.
-            made = [runner(f"writer{i}", "bench-flood-b")[0] for i in range(6)]
-            writers = itertools.chain(made, (runner(f"writer{i}", "bench-flood-b")[0]
+            made = [runner(f"writer{i}", "solo-bench-flood-b")[0] for i in range(6)]
+            writers = itertools.chain(made, (runner(f"writer{i}", "solo-bench-flood-b")[0]
                                              for i in itertools.count(len(made))))
             say(f"bench/store_flood.py, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} "
                 f"UTC, {os.cpu_count()} CPUs: Postgres {pg.port} (fsync=off), "

@@ -15,6 +15,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ class StoreAPIProcess:
     """`agentrun-store-api` on a free loopback port, for one store."""
 
     def __init__(self, plane: ControlPlane, database_url: str, log_path: Path, *,
-                 metrics_port: int = 0) -> None:
+                 metrics_port: int = 0, args: Sequence[str] = ()) -> None:
         tls = plane.store_api_tls
         assert tls is not None
         TRUST.load_verify_locations(cafile=str(tls.ca))
@@ -70,7 +71,8 @@ class StoreAPIProcess:
             "store-api",
             [str(Path(sys.executable).parent / "agentrun-store-api"), "--listen",
              "127.0.0.1:0", "--database-url", database_url, "--tls-cert-file", str(tls.cert),
-             "--tls-private-key-file", str(tls.key), f"--metrics-port={metrics_port}"],
+             "--tls-private-key-file", str(tls.key), f"--metrics-port={metrics_port}",
+             *args],
             log_path, env=env, forks=STORE_API_FORKS.for_env(env))
         self.log_path, self.metrics_port = log_path, metrics_port
         self.url = ""
@@ -136,11 +138,14 @@ class RunnerWorld:
         self.auth: Any = client.AuthenticationV1Api(api)
         self.apis: dict[str, StoreAPIProcess] = {}
 
-    def store_api(self, database_url: str, *, ready: bool = True) -> StoreAPIProcess:
+    def store_api(self, database_url: str, *, ready: bool = True,
+                  args: Sequence[str] = ()) -> StoreAPIProcess:
+        """The store's API (started on first use, with `args` then)."""
         found = self.apis.get(database_url)
         if found is None:
             found = self.apis[database_url] = StoreAPIProcess(
-                self.plane, database_url, self.work / f"store-api-{len(self.apis) + 1}.log")
+                self.plane, database_url, self.work / f"store-api-{len(self.apis) + 1}.log",
+                args=args)
         return found.wait_ready() if ready else found
 
     def stop(self) -> None:

@@ -4,6 +4,7 @@ current user."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -56,16 +57,32 @@ def whole_arguments(cluster: Cluster, run: str, pending: dict[str, Any]) -> dict
     return args
 
 
-def _show_long(text: str) -> None:
-    """Prints `text`, through the user's pager ($PAGER, else less) when it is longer than
-    the terminal; as it is when the output is not a terminal."""
-    import pydoc
+def _show_long(text: str, call: str) -> None:
+    """Prints `text`, through the user's pager ($PAGER, else `less`) when it is longer than
+    the terminal; as it is when the output is not a terminal. A pager that could not show
+    it (it does not start, or exits with an error) or an interrupt while it shows refuses:
+    the decision is made only on what was shown."""
     import shutil
+    import subprocess
 
-    if sys.stdout.isatty() and text.count("\n") + 1 > shutil.get_terminal_size().lines - 4:
-        pydoc.pager(text)
-    else:
+    if not (sys.stdout.isatty() and text.count("\n") + 1 >
+            shutil.get_terminal_size().lines - 4):
         print(text)
+        return
+    pager = os.environ.get("PAGER") or "less"
+    sys.stdout.flush()
+    try:
+        # pydoc.pager would do, but it carries on whatever the pager did (a PAGER that
+        # does not start shows nothing), and swallows the interrupt.
+        shown = subprocess.run(pager, shell=True, input=text + "\n", text=True, check=False)
+    except KeyboardInterrupt:
+        raise Failure(f"Not deciding {call}: interrupted while its arguments were shown, "
+                      "and nothing is approved unseen.", REFUSED) from None
+    if shown.returncode != 0:
+        raise Failure(f"Not deciding {call}: the pager {pager!r} exited "
+                      f"{shown.returncode} before its arguments were shown, and nothing is "
+                      "approved unseen. Set PAGER to a pager that works, or pipe the "
+                      "output (| cat) to print them whole.", REFUSED)
 
 
 def approve(cluster: Cluster, run: str, *, deny: bool, note: str | None,
@@ -88,7 +105,8 @@ def approve(cluster: Cluster, run: str, *, deny: bool, note: str | None,
     args = whole_arguments(cluster, run, pending)
     shown = json.dumps(args, indent=2, sort_keys=True, ensure_ascii=False)
     _show_long(f"  arguments (whole, {len(shown.encode()):,} bytes as shown):\n"
-               + "\n".join(f"    {line}" for line in shown.splitlines()))
+               + "\n".join(f"    {line}" for line in shown.splitlines()),
+               f"call {pending['seq']} ({pending['tool']}) of AgentRun {run}")
     print(f"  digest:    {pending['argsDigest']}")
     decision = ApprovalDecision.DENY if deny else ApprovalDecision.APPROVE
     user = cluster.whoami()

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentrun import logs
+from agentrun import logs, policy
 from agentrun.vocabulary import DEFAULT_STALE_SECONDS, DEFAULT_TOLERATION_SECONDS, STORE_AUDIENCE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,6 +94,9 @@ class OperatorConfig:
     # The chart's modelPrices (JSON: {model: {inputUSDPerMillionTokens,
     # outputUSDPerMillionTokens}}), over LiteLLM's price map; given to every runner.
     model_prices: str = ""
+    # The chart's toolPolicy (JSON, as spec.tools): what no Agent or run may loosen
+    # (agentrun.policy); given to every runner.
+    tool_policy: str = ""
     extra_runner_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -218,6 +221,10 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
                    help="prices of models, over LiteLLM's price map (JSON: {model: "
                         "{inputUSDPerMillionTokens, outputUSDPerMillionTokens}}); runners "
                         "estimate each call's cost with them")
+    p.add_argument("--tool-policy", default=_env("AGENTRUN_TOOL_POLICY", ""),
+                   help="what tools do and which need an approval, as no Agent or run may "
+                        "loosen it (JSON: a list of {name, effect, approval, "
+                        "approvalTimeoutSeconds}, as spec.tools; the chart's toolPolicy)")
     a = p.parse_args(argv)
     if not a.store_api_listen and not a.store_api_url:
         p.error("runner pods need the store API: give --store-api-listen (serve it here) "
@@ -251,6 +258,8 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
         problem = model_prices_problem(a.model_prices)
         if problem:
             p.error(f"--model-prices: {problem}")
+    if policy.rules_problem(a.tool_policy):
+        p.error(f"--tool-policy: {policy.rules_problem(a.tool_policy)}")
     key: bytes | None = None
     if a.input_digest_key_file:
         try:
@@ -295,6 +304,7 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
         retention=a.retention,
         input_digest_key=key,
         model_prices=a.model_prices,
+        tool_policy=a.tool_policy,
     )
 
 

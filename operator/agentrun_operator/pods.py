@@ -126,6 +126,7 @@ def runner_pod(
         RunnerEnv.LIMITS: json.dumps(spec.get("limits") or {}, separators=(",", ":")),
         RunnerEnv.MODEL_PRICES: config.model_prices,
         RunnerEnv.AGENT_DIGEST: agent_digest or "",
+        RunnerEnv.TOOL_POLICY: config.tool_policy,
     }
     env = runner_env(spec.get("env") or [], identity, config.extra_runner_env, agent_env)
 

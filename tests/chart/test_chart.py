@@ -511,6 +511,98 @@ def test_a_schedule_whose_runs_would_run_an_image_outside_the_list_is_refused(
                            "allow-list", check=False)
 
 
+# -- the cluster's tool policy (toolPolicy) ----------------------------------------------------
+
+TOOL_POLICY = ("toolPolicy[0].name=charge_card", "toolPolicy[0].approval=Required",
+               "toolPolicy[1].name=update_crm", "toolPolicy[1].effect=Idempotent")
+
+
+def test_a_tool_policy_reaches_the_operator_and_admission(control_plane: ControlPlane) -> None:
+    found = objects(control_plane, "postgres.enabled=true", *TOOL_POLICY)
+    [given] = [a for a in container(found, "agentrun-operator")["args"]
+               if a.startswith("--tool-policy=")]
+    assert json.loads(given.removeprefix("--tool-policy=")) == [
+        {"name": "charge_card", "approval": "Required"},
+        {"name": "update_crm", "effect": "Idempotent"}]
+    assert ("ValidatingAdmissionPolicy", "agentrun-tool-policy", None) in found
+    none = objects(control_plane, "postgres.enabled=true")
+    assert not [a for a in container(none, "agentrun-operator")["args"]
+                if a.startswith("--tool-policy")]
+    assert ("ValidatingAdmissionPolicy", "agentrun-tool-policy", None) not in none
+
+
+@pytest.fixture
+def tool_policy(crds: ControlPlane) -> Iterator[ControlPlane]:
+    """The chart's tool-policy admission, as rendered, in force on the control plane;
+    removed, and no longer in force, afterwards."""
+    found = objects(crds, "postgres.enabled=true", *TOOL_POLICY)
+    rendered = [found[(kind, "agentrun-tool-policy", None)] for kind in (
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
+    manifest = "---\n".join(yaml.safe_dump(d) for d in rendered)
+    crds.kubectl("create", "namespace", "tool-policy", check=False)
+    crds.kubectl("apply", "-f", "-", input=manifest)
+    probe = _tools_run("probe", [{"name": "charge_card", "approval": "None"}])
+    _until(lambda: "agentrun-tool-policy" in _dry_run(crds, "tool-policy", probe).stderr,
+           "enforced")
+    try:
+        yield crds
+    finally:
+        crds.kubectl("delete", "-f", "-", input=manifest, check=False)
+        _until(lambda: _dry_run(crds, "tool-policy", probe).returncode == 0,
+               "no longer enforced")
+
+
+def _tools_run(name: str, tools: list[dict[str, str]]) -> dict[str, Any]:
+    run = _run(name, None)
+    run["spec"]["tools"] = tools
+    return run
+
+
+@pytest.mark.parametrize(("kind", "entries", "said"), [
+    ("AgentRun", [{"name": "charge_card", "approval": "None"}],
+     "AgentRun spec.tools loosens the tool policy of this cluster (the chart value "
+     "toolPolicy) for charge_card: the policy says charge_card approval Required"),
+    ("AgentRun", [{"name": "lookup", "effect": "ReadOnly"},
+                  {"name": "update_crm", "effect": "ReadOnly"}],
+     "AgentRun spec.tools loosens the tool policy of this cluster (the chart value "
+     "toolPolicy) for update_crm: the policy says update_crm Idempotent"),
+    ("AgentRunSchedule", [{"name": "charge_card", "approval": "None"}],
+     "AgentRunSchedule spec.runTemplate.spec.tools loosens the tool policy of this cluster"),
+    ("Agent", [{"name": "update_crm", "effect": "ReadOnly", "approval": "Required"}],
+     "Agent spec.effects loosens the tool policy of this cluster"),
+], ids=["a run lifts an approval", "a run names a less strict effect",
+        "a schedule's template", "an Agent's effects"])
+def test_what_loosens_the_tool_policy_is_refused_at_admission(
+        tool_policy: ControlPlane, kind: str, entries: list[dict[str, str]],
+        said: str) -> None:
+    done = _dry_run(tool_policy, "tool-policy", _with_entries(kind, entries))
+    assert done.returncode != 0
+    assert said in done.stderr, done.stderr
+    assert "never lift an approval or name a less strict effect" in done.stderr
+
+
+@pytest.mark.parametrize("kind", ["AgentRun", "AgentRunSchedule", "Agent"])
+def test_what_tightens_the_tool_policy_or_names_other_tools_is_admitted(
+        tool_policy: ControlPlane, kind: str) -> None:
+    entries = [{"name": "charge_card", "effect": "Effectful", "approval": "Required"},
+               {"name": "update_crm", "effect": "Effectful"},
+               {"name": "lookup", "effect": "ReadOnly", "approval": "None"}]
+    done = _dry_run(tool_policy, "tool-policy", _with_entries(kind, entries))
+    assert done.returncode == 0, done.stderr
+
+
+def _with_entries(kind: str, entries: list[dict[str, str]]) -> dict[str, Any]:
+    if kind == "AgentRun":
+        return _tools_run("triage-42", entries)
+    if kind == "AgentRunSchedule":
+        schedule = _schedule("nightly", None)
+        schedule["spec"]["runTemplate"]["spec"]["tools"] = entries
+        return schedule
+    return {"apiVersion": "agentrun.dev/v1alpha1", "kind": "Agent",
+            "metadata": {"name": "triage"},
+            "spec": {"instruction": "Look the customer up.", "effects": entries}}
+
+
 # -- a real install and upgrade ---------------------------------------------------------------
 
 

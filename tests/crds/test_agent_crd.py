@@ -85,6 +85,26 @@ def test_a_function_of_the_standard_library_is_refused_at_admission(
     assert "spec.tools[1].function" in said and STDLIB_REFUSED in said, said
 
 
+def test_every_module_of_the_standard_library_is_refused_at_admission(
+        crds: Kubectl, namespace: str) -> None:
+    """The CEL rule holds all of Python 3.11's sys.stdlib_module_names (tests/library keeps
+    agents.STDLIB_MODULES equal to it): each is tried on the API server, an Agent of 32
+    tools (the most spec.tools holds) at a time, and every one is refused by name."""
+    from agentrun.agents import STDLIB_MODULES
+
+    modules = sorted(STDLIB_MODULES)
+    for start in range(0, len(modules), 32):
+        batch = modules[start:start + 32]
+        said = refused(crds.kubectl(
+            "create", "--dry-run=server", "-n", namespace, "-f", "-",
+            input=json.dumps(agent(tools=[{"function": f"{m}.anything"} for m in batch])),
+            check=False))
+        missing = [m for i, m in enumerate(batch)
+                   if f'spec.tools[{i}].function: Invalid value: "{m}.anything": '
+                   f"{STDLIB_REFUSED}" not in said]
+        assert not missing, said
+
+
 def test_a_module_named_like_the_standard_library_only_in_part_is_stored(
         crds: Kubectl, namespace: str) -> None:
     # The rule is on the top-level module: these merely begin or end like one.

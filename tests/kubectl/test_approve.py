@@ -4,6 +4,11 @@ could not show in full or whose digest is not the one the approval would name.""
 
 from __future__ import annotations
 
+import os
+import pty
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -59,3 +64,57 @@ def test_what_it_cannot_show_whole_it_refuses_to_approve(cluster: Cluster, says:
     assert "Not deciding call 2 (send_email) of AgentRun padded" in str(refused.value)
     assert says in str(refused.value)
     assert "nothing is approved unseen" in str(refused.value)
+
+
+def _paged(tmp_path: Path, pager: str, lines: int) -> tuple[int, str, str]:
+    """_show_long of `lines` lines in a process whose output is a terminal of 10 lines,
+    with PAGER `pager`: its exit code (0 shown, 1 refused), what the terminal got, and
+    what it said on stderr."""
+    text = "\n".join(f"line {i}" for i in range(lines))
+    child = ("import sys\n"
+             "from agentrun_kubectl.approve import Failure, _show_long\n"
+             "try:\n"
+             f"    _show_long({text!r}, 'call 2 (send_email) of AgentRun padded')\n"
+             "except Failure as e:\n"
+             "    print(e, file=sys.stderr)\n"
+             "    sys.exit(1)\n")
+    primary, secondary = pty.openpty()
+    try:
+        done = subprocess.run([sys.executable, "-c", child], stdin=subprocess.DEVNULL,
+                              stdout=secondary, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "PAGER": pager, "LINES": "10",
+                                   "COLUMNS": "80"}, timeout=60)
+        os.close(secondary)
+        secondary = -1
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # the terminal's other side is closed: all was read
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(primary)
+        if secondary >= 0:
+            os.close(secondary)
+    return done.returncode, seen.decode(), done.stderr
+
+
+def test_long_arguments_go_through_the_pager_whole(tmp_path: Path) -> None:
+    kept = tmp_path / "paged"
+    code, seen, said = _paged(tmp_path, f"cat > {kept}", 200)
+    assert code == 0, said
+    assert kept.read_text().splitlines() == [f"line {i}" for i in range(200)]
+    # Short ones are printed as they are.
+    code, seen, said = _paged(tmp_path, "exit 3", 3)
+    assert code == 0 and "line 2" in seen, said
+
+
+@pytest.mark.parametrize("pager", ["exit 3", "no-such-pager-here"])
+def test_a_pager_that_could_not_show_them_refuses(tmp_path: Path, pager: str) -> None:
+    code, _, said = _paged(tmp_path, pager, 200)
+    assert code == 1
+    assert "Not deciding call 2 (send_email) of AgentRun padded: the pager" in said
+    assert "nothing is approved unseen" in said

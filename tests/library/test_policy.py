@@ -1,14 +1,16 @@
-"""A run only tightens: every combination of what the image's code, the Agent's effects and
-the run's spec.tools say of one tool, effect and approval, and which source is named."""
+"""A run only tightens: every combination of what the chart's policy, the image's code, the
+Agent's effects and the run's spec.tools say of one tool, effect and approval, which source
+is named, and what applies then."""
 
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 
 from agentrun import effects, policy
-from agentrun.policy import AGENT, CODE, RUN, Declared
+from agentrun.policy import AGENT, CHART, CODE, RUN, Declared
 
 RO, ID, EF = effects.READ_ONLY, effects.IDEMPOTENT, effects.EFFECTFUL
 REQ, NONE = True, False  # approval Required / None said outright (None: nothing said)
@@ -66,29 +68,41 @@ def _expected(said: list[Declared]) -> tuple[str, str] | None:
     return None
 
 
-# Every combination of run x agent x code, effect and approval (the code says no
-# "approval None": it requires one or says nothing).
-COMBINATIONS = list(itertools.product(EFFECTS, (None, REQ), EFFECTS, APPROVALS, EFFECTS,
-                                      APPROVALS))
+# Every combination of what the four sources say of one tool, effect and approval: the
+# chart's policy x the image's code x the Agent's effects x the run's spec.tools (the code
+# says no "approval None": it requires one or says nothing). 12 x 8 x 12 x 12 = 13,824,
+# one test per word of the chart's policy.
+SAID = list(itertools.product(EFFECTS, APPROVALS))
+BELOW_THE_CHART = list(itertools.product(EFFECTS, (None, REQ), EFFECTS, APPROVALS, EFFECTS,
+                                         APPROVALS))
 
 
-@pytest.mark.parametrize("combo", COMBINATIONS)
-def test_every_combination_of_sources(combo: tuple[object, ...]) -> None:
-    code_e, code_a, agent_e, agent_a, run_e, run_a = combo
-    said = [Declared(CODE, code_e, code_a), Declared(AGENT, agent_e, agent_a),  # type: ignore[arg-type]
-            Declared(RUN, run_e, run_a)]  # type: ignore[arg-type]
-    found = policy.violation("refund", said)
-    expected = _expected(said)
-    assert (None if found is None else (found.source, found.contradicts)) == expected
-    if found is None:
-        # What the runner applies (the least trusted word said, first) is then the
-        # strictest of all that was said, and approval Required from any source holds.
-        applied_e = next((d.effect for d in reversed(said) if d.effect), None)
-        applied_a = next((d.approval for d in reversed(said) if d.approval is not None), None)
+@pytest.mark.parametrize(("chart_e", "chart_a"), SAID, ids=[f"chart {e} {a}" for e, a in SAID])
+def test_every_combination_of_sources(chart_e: str | None, chart_a: bool | None) -> None:
+    for code_e, code_a, agent_e, agent_a, run_e, run_a in BELOW_THE_CHART:
+        said = [Declared(CHART, chart_e, chart_a), Declared(CODE, code_e, code_a),
+                Declared(AGENT, agent_e, agent_a), Declared(RUN, run_e, run_a)]
+        found = policy.violation("refund", said)
+        expected = _expected(said)
+        assert (None if found is None else (found.source, found.contradicts)) == expected, said
+        if found is not None:
+            continue
+        # What applies is then the strictest of all that was said, and approval Required
+        # from any source holds.
+        applied = policy.effective(said)
         stated = [RANK[d.effect] for d in said if d.effect]
-        assert (RANK[applied_e] if applied_e else None) == (max(stated) if stated else None)  # type: ignore[type-var]
+        assert (RANK[applied.effect] if applied.effect else None) == (
+            max(stated) if stated else None), said  # type: ignore[type-var]
         if any(d.approval is True for d in said):
-            assert applied_a is True
+            assert applied.approval is True, said
+        elif any(d.approval is False for d in said):
+            assert applied.approval is False, said
+        else:
+            assert applied.approval is None, said
+        # ...and it is what the least trusted source that spoke said: each source may
+        # only tighten, so the last word on an effect is the strictest.
+        last = next((d.effect for d in reversed(said) if d.effect), None)
+        assert applied.effect == last, said
 
 
 @pytest.mark.parametrize(("code", "agent", "run", "expected"), [
@@ -123,3 +137,30 @@ def test_sources_are_read_from_spec_tools_and_agent_effects_by_name() -> None:
     assert lifted is not None and (lifted.tool, lifted.source) == ("refund", RUN)
     assert policy.first_violation([agent, policy.of_rules(
         RUN, [{"name": "other", "effect": "ReadOnly", "approval": "None"}])]) is None
+
+
+@pytest.mark.parametrize(("raw", "said"), [
+    ("", ""),
+    ('[{"name": "charge_card", "approval": "Required", "approvalTimeoutSeconds": 600}]', ""),
+    ('[{"name": "update_crm", "effect": "Idempotent"}]', ""),
+    ("{}", "must be a list of {name, effect, approval}"),
+    ("[1]", "entry 0 needs a name"),
+    ('[{"name": "x"}]', "entry x says neither an effect nor an approval"),
+    ('[{"name": "x", "effect": "Harmless"}]', "entry x: effect must be one of ReadOnly"),
+    ('[{"name": "x", "approval": "Maybe"}]', "entry x: approval must be Required or None"),
+    ('[{"name": "x", "approval": "Required", "approvalTimeoutSeconds": 0}]',
+     "entry x: approvalTimeoutSeconds must be a whole number >= 1"),
+    ('[{"name": "x", "approval": "Required", "when": "always"}]',
+     "entry x has approval, when; an entry has name, effect, approval and"),
+    ("not json", "not JSON"),
+])
+def test_the_charts_policy_is_read_as_spec_tools(raw: str, said: str) -> None:
+    assert said in policy.rules_problem(raw) and bool(said) == bool(policy.rules_problem(raw))
+    if not said:
+        assert policy.of_rules(CHART, policy.chart_rules(raw)) == {
+            r["name"]: Declared(CHART, r.get("effect"), None if r.get("approval") is None
+                                else r["approval"] == "Required")
+            for r in json.loads(raw or "[]")}
+    else:
+        with pytest.raises(ValueError, match="the chart's tool policy"):
+            policy.chart_rules(raw)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from agentrun_devtools import peers
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.pods import escape_expansion, runner_pod, session_id_for
@@ -90,3 +91,27 @@ def test_a_spec_env_duplicate_of_ours_or_of_a_header_is_left_out() -> None:
     assert seen["AGENTRUN_RUN_NAME"] == "look-42"
     assert seen["EXTRA"] == "$(X)"
     assert seen[HEADER] == SECRET
+
+
+def test_the_charts_tool_policy_reaches_every_runner_and_is_checked_at_start(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from agentrun_operator import config
+
+    elsewhere = ["--store-api-listen=", "--store-api-url=https://store:8080",
+                 "--database-url=sqlite:///x"]
+    chart = '[{"name":"charge_card","approval":"Required"}]'
+    parsed = config.parse([*elsewhere, f"--tool-policy={chart}"])
+    assert parsed.tool_policy == chart
+    run = _run(tools=[{"name": "x", "effect": "ReadOnly"}])
+    pod = runner_pod(run, 1, session_id_for(run, 1), "hmac-sha256:ab", parsed)
+    seen = _kubelet(pod["spec"]["containers"][0])
+    assert seen["AGENTRUN_TOOL_POLICY"] == chart
+    # A run cannot set it: ours come first, and a spec.env entry of that name is left out.
+    forged = _run(env=[{"name": "AGENTRUN_TOOL_POLICY", "value": "[]"}])
+    env = runner_pod(forged, 1, session_id_for(forged, 1), "hmac-sha256:ab",
+                     parsed)["spec"]["containers"][0]["env"]
+    assert [e["value"] for e in env if e["name"] == "AGENTRUN_TOOL_POLICY"] == [chart]
+    with pytest.raises(SystemExit):
+        config.parse([*elsewhere, '--tool-policy=[{"name": "x", "approval": "Maybe"}]'])
+    assert "--tool-policy: entry x: approval must be Required or None" in (
+        capsys.readouterr().err)

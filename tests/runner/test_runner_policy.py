@@ -5,10 +5,18 @@ refuses the attempt PolicyViolation before its first model call when there is on
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from agentrun_runner.agents import default_agents_dir, load_agent
-from agentrun_runner.main import code_declarations, parse_config, run_declarations
+from agentrun_runner.approvals import ApprovalRule
+from agentrun_runner.main import (
+    Loaded,
+    applied_rules,
+    code_declarations,
+    parse_config,
+    run_declarations,
+)
 
 from agentrun import policy
 from agentrun.vocabulary import RunnerEnv
@@ -44,3 +52,58 @@ def test_the_runs_spec_tools_against_the_code(tools: list[dict[str, str]],
     code = code_declarations(load_agent(default_agents_dir(), "support-agent"))
     found = policy.first_violation([code, {}, run_declarations(config)])
     assert (None if found is None else (found.tool, found.contradicts)) == refused
+
+
+def _applied(chart: list[dict[str, Any]], agent: list[dict[str, Any]],
+             run: list[dict[str, Any]]) -> tuple[policy.Violation | None, dict[str, str],
+                                                 dict[str, ApprovalRule]]:
+    """What the runner decides of the support sample's code under `chart`, an Agent's
+    effects `agent` and the run's `run`: the violation, else the effects and approvals
+    the ledger applies."""
+    config = parse_config([], {**ENV, RunnerEnv.TOOLS: json.dumps(run),
+                               RunnerEnv.TOOL_POLICY: json.dumps(chart)})
+    root = load_agent(default_agents_dir(), "support-agent")
+    code = code_declarations(root)
+    loaded = Loaded(root, None, rules=agent, effects=agent)
+    found = policy.first_violation([policy.of_rules(policy.CHART, config.tool_policy), code,
+                                    policy.of_rules(policy.AGENT, agent),
+                                    run_declarations(config)])
+    return (found, *applied_rules(config, loaded, code))
+
+
+def test_the_charts_policy_is_the_most_trusted_word() -> None:
+    # The image's code says read_message is ReadOnly: less strict than the chart.
+    found, _, _ = _applied([{"name": "read_message", "effect": "Idempotent"}], [], [])
+    assert found is not None and (found.tool, found.source, found.contradicts) == (
+        "read_message", policy.CODE, policy.CHART)
+    assert "the runner image's code says ReadOnly (where it says Idempotent) for the tool " \
+        "read_message, which the chart's policy declares stricter" in found.message
+    # An Agent or a run lifting the chart's approval.
+    for agent, run, source in (([{"name": "charge_card", "approval": "None"}], [],
+                                policy.AGENT),
+                               ([], [{"name": "charge_card", "approval": "None"}],
+                                policy.RUN)):
+        found, _, _ = _applied([{"name": "charge_card", "approval": "Required"}], agent, run)
+        assert found is not None and (found.source, found.contradicts) == (source,
+                                                                           policy.CHART)
+
+
+def test_what_applies_is_the_strictest_word() -> None:
+    found, effects, approvals = _applied(
+        [{"name": "charge_card", "approval": "Required", "approvalTimeoutSeconds": 600},
+         {"name": "update_crm", "effect": "Idempotent"},
+         {"name": "lookup_customer", "effect": "Idempotent"},
+         {"name": "send_email", "approval": "None"}],
+        [{"name": "lookup_customer", "effect": "Effectful"}],
+        [{"name": "charge_card", "approval": "Required", "approvalTimeoutSeconds": 60}])
+    assert found is None
+    # The code's Effectful over the chart's Idempotent; the Agent's over the chart's (an
+    # MCP tool the code does not know); the code's own where only it speaks.
+    assert effects["update_crm"] == "Effectful"
+    assert effects["lookup_customer"] == "Effectful"
+    assert effects["read_message"] == "ReadOnly"
+    # The chart's approval, with the run's timeout (the least trusted word on it).
+    assert approvals["charge_card"] == ApprovalRule(True, 60)
+    assert approvals["send_email"] == ApprovalRule(False, 86400)
+    # The code's require_confirmation is asked of the code, call by call.
+    assert "issue_refund" not in approvals

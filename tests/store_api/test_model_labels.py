@@ -32,3 +32,14 @@ def test_model_label(model: str, label: str) -> None:
 def test_a_thousand_new_names_are_one_label() -> None:
     assert {metrics.model_label(f"flood-{i}") for i in range(1000)} == {"other"}
     assert {metrics.model_label(f"p{i}/gpt-4o") for i in range(1000)} == {"gpt-4o"}
+
+
+def test_a_namespaces_agents_are_labels_up_to_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "_AGENTS", {})
+    bound = metrics.AGENT_LABELS_PER_NAMESPACE
+    flood = [metrics.agent_label("team-a", f"agent-{i}") for i in range(bound + 500)]
+    assert flood[:bound] == [f"agent-{i}" for i in range(bound)]
+    assert set(flood[bound:]) == {"other"}
+    # A name already a label stays one; another namespace has its own bound.
+    assert metrics.agent_label("team-a", "agent-0") == "agent-0"
+    assert metrics.agent_label("team-b", "agent-999") == "agent-999"
