@@ -89,7 +89,7 @@ install: ## install the CRDs and the admission policy into the current kube cont
 	$(KUBECTL) apply --server-side --force-conflicts -f crds/
 	$(KUBECTL) wait --for=condition=Established --timeout=60s crd/agentruns.agentrun.dev \
 		crd/agentrunreplays.agentrun.dev crd/agentrunapprovals.agentrun.dev \
-		crd/agentrunschedules.agentrun.dev
+		crd/agentrunschedules.agentrun.dev crd/agentruntriggers.agentrun.dev
 
 # The chart's copies of crds/ (CRDs, admission policies, ClusterRoles) and the Argo CD
 # argocd-cm patch are generated; tests/chart/test_chart_sources.py fails when they drift.

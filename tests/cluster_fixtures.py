@@ -44,6 +44,7 @@ def apply_crds(plane: ControlPlane, directory: Path = CRDS) -> None:
         "crd/agentruns.agentrun.dev", "crd/agentrunreplays.agentrun.dev",
         "crd/agentrunapprovals.agentrun.dev",
         "crd/agentrunschedules.agentrun.dev", "crd/agents.agentrun.dev",
+        "crd/agentruntriggers.agentrun.dev",
     )
     # Established is not yet served: just after it, a create can still be answered 503
     # ("Kind=AgentRun not found") while the API server builds the kind's handler. A
