@@ -226,9 +226,9 @@ class TriggerReason:
     # Stalled: the Secret (or its key) that spec.auth names is not there; deliveries are
     # answered 503 until it is.
     SECRET_NOT_FOUND: Final = "SecretNotFound"
-    # Not Ready: the operator does not know where the receiver is served (no
-    # --receiver-url), so status.url cannot say where to send.
-    RECEIVER_UNKNOWN: Final = "ReceiverUnknown"
+    # Stalled: spec.auth or spec.identity cannot be read (admission refuses such a trigger;
+    # this says so where the admission policies are not installed).
+    INVALID: Final = "InvalidTrigger"
 
 
 class TriggerIdentity:
