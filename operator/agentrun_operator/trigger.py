@@ -98,10 +98,10 @@ def trigger_decide(facts: TriggerFacts) -> TriggerDecision:
         "--receiver-url to have status.url say it)")
     if facts.suspend:
         return TriggerDecision(True, False, TriggerReason.SUSPENDED, (
-            f"Suspended: deliveries {where} are answered 503 and start no run until "
-            "spec.suspend is false."), url)
+            f"Deliveries {where} are answered 503 and start no run until spec.suspend is "
+            "false."), url)
     return TriggerDecision(True, False, TriggerReason.LISTENING, (
-        f"Listening: each event delivered {where} starts one run of {facts.agent or 'its agent'}, "
+        f"Each event delivered {where} starts one run of {facts.agent or 'its agent'}, "
         "however often it is delivered."), url)
 
 

@@ -63,9 +63,9 @@ TABLE = [
     Row("a missing Secret beats suspend", replace(BASE, secret_state=MISSING, suspend=True),
         False, True, TriggerReason.SECRET_NOT_FOUND, "does not exist", SECRET_RECHECK),
     Row("suspended", replace(BASE, suspend=True), True, False, TriggerReason.SUSPENDED,
-        f"Suspended: deliveries at {URL}/v1/triggers/support/new-ticket are answered 503"),
+        f"Deliveries at {URL}/v1/triggers/support/new-ticket are answered 503"),
     Row("listening", BASE, True, False, TriggerReason.LISTENING,
-        f"Listening: each event delivered at {URL}/v1/triggers/support/new-ticket starts one "
+        f"Each event delivered at {URL}/v1/triggers/support/new-ticket starts one "
         "run of support-agent, however often it is delivered."),
     Row("listening, the receiver's address unknown", replace(BASE, receiver_url=""), True,
         False, TriggerReason.LISTENING, "start it with --receiver-url"),
