@@ -13,6 +13,7 @@ KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(LOCAL)/bin/kubectl)
 HELM ?= $(shell command -v helm 2>/dev/null || echo $(LOCAL)/bin/helm)
 IMG_OPERATOR ?= agentrun/operator:dev
 IMG_STORE_API ?= agentrun/store-api:dev
+IMG_RECEIVER ?= agentrun/receiver:dev
 IMG_RUNNER ?= agentrun/runner:dev
 IMG_POSTGRES ?= agentrun/postgres:dev
 
@@ -135,7 +136,7 @@ run: venv ## run the operator in the foreground against the current kube context
 deploy: ## Helm install into the current kube context (namespace agentrun-system)
 	$(HELM) upgrade --install agentrun charts/agentrun --namespace agentrun-system \
 		--create-namespace --set operator.image=$(IMG_OPERATOR) --set storeApi.image=$(IMG_STORE_API) \
-		--set runner.image=$(IMG_RUNNER) \
+		--set receiver.image=$(IMG_RECEIVER) --set runner.image=$(IMG_RUNNER) \
 		$(HELM_ARGS)
 
 .PHONY: undeploy
@@ -143,17 +144,18 @@ undeploy: ## Helm uninstall
 	$(HELM) uninstall agentrun --namespace agentrun-system
 
 .PHONY: docker-build
-docker-build: ## build the operator, store API and runner images (needs a Docker engine)
+docker-build: ## build the operator, store API, receiver and runner images (needs a Docker engine)
 	@docker info >/dev/null 2>&1 || { echo "docker-build: no Docker engine here; nothing built"; exit 1; }
 	docker build -t $(IMG_OPERATOR) -f Dockerfile .
 	docker build -t $(IMG_STORE_API) -f store-api-image/Dockerfile .
+	docker build -t $(IMG_RECEIVER) -f receiver-image/Dockerfile .
 	docker build -t $(IMG_RUNNER) -f runner-image/Dockerfile .
 
 .PHONY: images
 # Standard library only: no .venv needed. Archives in $${AGENTRUN_CACHE:-~/.cache/agentrun}/images/archives.
-images: ## build the operator, store API, runner and trial-Postgres images as OCI archives (no Docker engine, no registry)
+images: ## build the operator, store API, receiver, runner and trial-Postgres images as OCI archives (no Docker engine, no registry)
 	$(PYTHON) -m agentrun_devtools.images --operator $(IMG_OPERATOR) --store-api $(IMG_STORE_API) \
-		--runner $(IMG_RUNNER) --postgres $(IMG_POSTGRES)
+		--receiver $(IMG_RECEIVER) --runner $(IMG_RUNNER) --postgres $(IMG_POSTGRES)
 
 # Needs root (containerd, kubelet, the pod network); fails, never skips, where it cannot run.
 .PHONY: test-e2e
