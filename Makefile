@@ -122,9 +122,24 @@ RUN_STORE_API_TLS ?= $(LOCAL)/store-api
 # The transcript API, where make dev-cluster registered it (its APIService's endpoint).
 RUN_TRANSCRIPT_API_LISTEN ?= $(shell cat $(RUN_STORE_API_TLS)/transcript-api-listen 2>/dev/null)
 
+# The trigger receiver, beside the operator as its own process: on this host's loopback
+# (AgentRunTriggers' status.url is https://$(RUN_RECEIVER_LISTEN)/v1/triggers/<ns>/<name>),
+# with the pair and the credential make dev-cluster wrote to .local/receiver/ and
+# .local/receiver.kubeconfig (elsewhere: KUBECONFIG, and the pair the environment names).
+RUN_RECEIVER_LISTEN ?= 127.0.0.1:8090
+RUN_RECEIVER_TLS ?= $(LOCAL)/receiver
+RUN_RECEIVER_KUBECONFIG ?= $(if $(filter $(DEV_KUBECONFIG),$(abspath $(KUBECONFIG))),$(LOCAL)/receiver.kubeconfig,$(or $(KUBECONFIG),$(wildcard $(LOCAL)/receiver.kubeconfig)))
+RUN_RECEIVER = KUBECONFIG=$(RUN_RECEIVER_KUBECONFIG) $(VENV)/bin/agentrun-receiver \
+	--listen=$(RUN_RECEIVER_LISTEN) \
+	--tls-cert-file=$${AGENTRUN_RECEIVER_TLS_CERT_FILE:-$(RUN_RECEIVER_TLS)/tls.crt} \
+	--tls-private-key-file=$${AGENTRUN_RECEIVER_TLS_KEY_FILE:-$(RUN_RECEIVER_TLS)/tls.key}
+
 .PHONY: run
-run: venv ## run the operator in the foreground against the current kube context
+run: venv ## run the operator in the foreground, and the trigger receiver beside it, against the current kube context
 	@echo "agentrun-operator with KUBECONFIG=$(or $(RUN_KUBECONFIG),~/.kube/config)"
+	@echo "agentrun-receiver on https://$(RUN_RECEIVER_LISTEN) (CA: $(RUN_RECEIVER_TLS)/ca.crt)"
+	$(RUN_RECEIVER) & trap 'kill $$! 2>/dev/null' EXIT; \
+	AGENTRUN_RECEIVER_URL=$${AGENTRUN_RECEIVER_URL:-https://$(RUN_RECEIVER_LISTEN)} \
 	KUBECONFIG=$(RUN_KUBECONFIG) DATABASE_URL=$(RUN_DATABASE_URL) \
 		AGENTRUN_STORE_API_TLS_CERT_FILE=$${AGENTRUN_STORE_API_TLS_CERT_FILE:-$(RUN_STORE_API_TLS)/tls.crt} \
 		AGENTRUN_STORE_API_TLS_KEY_FILE=$${AGENTRUN_STORE_API_TLS_KEY_FILE:-$(RUN_STORE_API_TLS)/tls.key} \

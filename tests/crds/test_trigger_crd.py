@@ -13,9 +13,11 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from agentrun.vocabulary import ANNOTATION_TEMPLATE_BY
 from tests.cluster.kube import Kubectl, apply, refused, run_manifest, stored, table
@@ -241,3 +243,16 @@ def test_another_namespace_cannot_see_or_write_a_trigger(crds: Kubectl,
     # it there either, and a Secret of another namespace cannot be named at all.
     assert f"{BEA} may not get secrets/{SECRET} in namespace {other}" in refused(
         apply(crds, other, trigger_manifest(), as_user=BEA))
+
+
+SAMPLES = sorted((Path(__file__).resolve().parents[2] / "samples" / "trigger").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=[p.name for p in SAMPLES])
+def test_the_samples_are_accepted_as_written(enforced: Kubectl, solo_namespace: str,
+                                             path: Path) -> None:
+    enforced.kubectl("apply", "--server-side", "-n", solo_namespace, "-f", str(path))
+    [doc] = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    stored_spec = stored(enforced, solo_namespace, f"art/{doc['metadata']['name']}")["spec"]
+    assert stored_spec["identity"] == doc["spec"]["identity"]
+    assert stored_spec["runTemplate"]["spec"]["model"] == "scripted"
