@@ -1,6 +1,6 @@
 """Each program brings what it imports and nothing it must not carry.
 
-pyproject.toml installs four programs from one distribution, each with its own extra. This
+pyproject.toml installs five programs from one distribution, each with its own extra. This
 follows every import of each program through our own modules (imports inside functions
 too, parents packages included, `if TYPE_CHECKING:` blocks left out) and checks that:
 
@@ -32,7 +32,8 @@ from packaging.requirements import Requirement
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = {"agentrun": REPO / "agentrun", "agentrun_operator": REPO / "operator" /
            "agentrun_operator", "agentrun_runner": REPO / "runner-image" / "agentrun_runner",
-           "agentrun_store_api": REPO / "store-api-image" / "agentrun_store_api"}
+           "agentrun_store_api": REPO / "store-api-image" / "agentrun_store_api",
+           "agentrun_receiver": REPO / "receiver-image" / "agentrun_receiver"}
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,12 @@ PROGRAMS = {
         forbidden=("kopf", "kubernetes", "sqlalchemy", "psycopg", "alembic",
                    "prometheus-client"),
         dockerfile="runner-image/Dockerfile"),
+    "agentrun-receiver": Program(
+        "receiver", ("agentrun_receiver.main",),
+        # No store credential, no store: nothing of the database layer, no kopf, no ADK.
+        forbidden=("kopf", "google-adk", "litellm", "anthropic", "sqlalchemy", "psycopg",
+                   "alembic"),
+        dockerfile="receiver-image/Dockerfile"),
     "kubectl-agentrun": Program(
         "kubectl", ("agentrun.kubectl_plugin",),
         # Reading the store itself (DATABASE_URL) needs agentrun[kubectl,store]; the
