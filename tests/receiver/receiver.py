@@ -66,6 +66,7 @@ class Receiver:
         self.cert, self.key = pki.issue("tls", USER, server=True, hosts=("127.0.0.1",))
         self.ca = pki.ca_cert
         self.port = port or free_port()
+        self.metrics_port = free_port()
         self.child: Child | None = None
 
     def start(self) -> Receiver:
@@ -73,7 +74,7 @@ class Receiver:
             "receiver",
             [str(Path(sys.executable).parent / "agentrun-receiver"),
              f"--listen=127.0.0.1:{self.port}", f"--tls-cert-file={self.cert}",
-             f"--tls-private-key-file={self.key}"],
+             f"--tls-private-key-file={self.key}", f"--metrics-port={self.metrics_port}"],
             self.work / "receiver.log", env={**os.environ, "KUBECONFIG": str(self.kubeconfig)})
 
         def started() -> bool:
@@ -92,6 +93,21 @@ class Receiver:
 
     def url(self, namespace: str, trigger: str) -> str:
         return f"https://127.0.0.1:{self.port}{RECEIVER_PATH}/{namespace}/{trigger}"
+
+    def events(self, namespace: str, trigger: str) -> dict[str, float]:
+        """agentrun_trigger_events_total of one trigger, by result, as Prometheus scrapes it."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
+                                    timeout=10) as response:
+            text = response.read().decode()
+        counts: dict[str, float] = {}
+        for labels, value in re.findall(r"^agentrun_trigger_events_total\{([^}]*)\} (\S+)$",
+                                        text, re.M):
+            found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+            if (found["namespace"], found["trigger"]) == (namespace, trigger):
+                counts[found["result"]] = float(value)
+        return counts
 
     def log(self) -> str:
         return (self.work / "receiver.log").read_text(errors="replace")

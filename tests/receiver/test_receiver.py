@@ -129,6 +129,10 @@ def test_each_refusal_says_why_and_creates_nothing(crds: ControlPlane, solo_name
     assert send(receiver, ns, body, signed(body, headers)).body["result"] == "duplicate"
     assert made(crds, ns) == [f"agentrun.agentrun.dev/{CE_RUN}",
                               f"configmap/{CE_RUN}-event"]
+    # Each answer, counted by its result.
+    assert receiver.events(ns, "new-ticket") == {
+        "unavailable": 1, "too_large": 2, "unauthorized": 2, "malformed": 1, "created": 1,
+        "rate_limited": 1, "duplicate": 1}
 
 
 def _headers_only(receiver: Receiver, namespace: str, length: int) -> Answer:
