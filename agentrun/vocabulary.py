@@ -273,6 +273,9 @@ class Condition:
     READY: Final = "Ready"
     RECONCILING: Final = "Reconciling"
     STALLED: Final = "Stalled"
+    # Kueue: False (reason Queued, Kueue's own message) while the attempt's pod waits for
+    # quota; True once admitted.
+    ADMITTED: Final = "Admitted"
 
     TOOL_CALLS_RECORDED: Final = "ToolCallsRecorded"
     NO_TOOL_CALLS: Final = "NoToolCalls"
