@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from agentrun.vocabulary import ANNOTATION_TEMPLATE_BY
-from tests.crds.kube import Kubectl, apply, refused, run_manifest, stored, table
 from tests.cluster_fixtures import fresh_namespace
+from tests.crds.kube import Kubectl, apply, refused, run_manifest, stored, table
 from tests.triggers import SECRET, trigger_manifest
 
 pytestmark = pytest.mark.cluster
