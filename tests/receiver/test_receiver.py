@@ -222,23 +222,22 @@ def _wait_counted(plane: ControlPlane, namespace: str, *, received: int,
 # -- the run it makes ---------------------------------------------------------------------------
 
 
+def _may_edit_and_get_the_hook(plane: ControlPlane, namespace: str, user: str) -> None:
+    plane.kubectl("create", "rolebinding", "editors", "-n", namespace,
+                  "--clusterrole=agentrun-edit", f"--user={user}")
+    plane.kubectl("create", "role", "read-hook", "-n", namespace, "--verb=get",
+                  "--resource=secrets", f"--resource-name={SECRET}")
+    plane.kubectl("create", "rolebinding", "read-hook", "-n", namespace,
+                  "--role=read-hook", f"--user={user}")
+
+
 @pytest.fixture
 def tenants(crds: ControlPlane, solo_namespace: str) -> Iterator[tuple[str, str]]:
     """(A, B): tess edits A, bea edits B; each may get the trigger's Secret of their own
     namespace."""
-    crds.kubectl("create", "rolebinding", "editors", "-n", solo_namespace,
-                 "--clusterrole=agentrun-edit", f"--user={TESS}")
-    crds.kubectl("create", "role", "read-hook", "-n", solo_namespace, "--verb=get",
-                 "--resource=secrets", f"--resource-name={SECRET}")
-    crds.kubectl("create", "rolebinding", "read-hook", "-n", solo_namespace,
-                 "--role=read-hook", f"--user={TESS}")
+    _may_edit_and_get_the_hook(crds, solo_namespace, TESS)
     for other in fresh_namespace(crds, "solo-b"):
-        crds.kubectl("create", "rolebinding", "editors", "-n", other,
-                     "--clusterrole=agentrun-edit", f"--user={BEA}")
-        crds.kubectl("create", "role", "read-hook", "-n", other, "--verb=get",
-                     "--resource=secrets", f"--resource-name={SECRET}")
-        crds.kubectl("create", "rolebinding", "read-hook", "-n", other,
-                     "--role=read-hook", f"--user={BEA}")
+        _may_edit_and_get_the_hook(crds, other, BEA)
         yield solo_namespace, other
 
 
