@@ -13,6 +13,7 @@ KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(LOCAL)/bin/kubectl)
 HELM ?= $(shell command -v helm 2>/dev/null || echo $(LOCAL)/bin/helm)
 IMG_OPERATOR ?= agentrun/operator:dev
 IMG_STORE_API ?= agentrun/store-api:dev
+IMG_RECEIVER ?= agentrun/receiver:dev
 IMG_RUNNER ?= agentrun/runner:dev
 IMG_POSTGRES ?= agentrun/postgres:dev
 
@@ -105,7 +106,7 @@ install: ## install the CRDs and the admission policy into the current kube cont
 	$(KUBECTL) apply --server-side --force-conflicts -f crds/
 	$(KUBECTL) wait --for=condition=Established --timeout=60s crd/agentruns.agentrun.dev \
 		crd/agentrunreplays.agentrun.dev crd/agentrunapprovals.agentrun.dev \
-		crd/agentrunschedules.agentrun.dev
+		crd/agentrunschedules.agentrun.dev crd/agentruntriggers.agentrun.dev
 
 # The chart's copies of crds/ (CRDs, admission policies, ClusterRoles) and the Argo CD
 # argocd-cm patch are generated; tests/chart/test_chart_sources.py fails when they drift.
@@ -137,9 +138,24 @@ RUN_STORE_API_TLS ?= $(LOCAL)/store-api
 # The transcript API, where make dev-cluster registered it (its APIService's endpoint).
 RUN_TRANSCRIPT_API_LISTEN ?= $(shell cat $(RUN_STORE_API_TLS)/transcript-api-listen 2>/dev/null)
 
+# The trigger receiver, beside the operator as its own process: on this host's loopback
+# (AgentRunTriggers' status.url is https://$(RUN_RECEIVER_LISTEN)/v1/triggers/<ns>/<name>),
+# with the pair and the credential make dev-cluster wrote to .local/receiver/ and
+# .local/receiver.kubeconfig (elsewhere: KUBECONFIG, and the pair the environment names).
+RUN_RECEIVER_LISTEN ?= 127.0.0.1:8090
+RUN_RECEIVER_TLS ?= $(LOCAL)/receiver
+RUN_RECEIVER_KUBECONFIG ?= $(if $(filter $(DEV_KUBECONFIG),$(abspath $(KUBECONFIG))),$(LOCAL)/receiver.kubeconfig,$(or $(KUBECONFIG),$(wildcard $(LOCAL)/receiver.kubeconfig)))
+RUN_RECEIVER = KUBECONFIG=$(RUN_RECEIVER_KUBECONFIG) $(VENV)/bin/agentrun-receiver \
+	--listen=$(RUN_RECEIVER_LISTEN) \
+	--tls-cert-file=$${AGENTRUN_RECEIVER_TLS_CERT_FILE:-$(RUN_RECEIVER_TLS)/tls.crt} \
+	--tls-private-key-file=$${AGENTRUN_RECEIVER_TLS_KEY_FILE:-$(RUN_RECEIVER_TLS)/tls.key}
+
 .PHONY: run
-run: venv ## run the operator in the foreground against the current kube context
+run: venv ## run the operator in the foreground, and the trigger receiver beside it, against the current kube context
 	@echo "agentrun-operator with KUBECONFIG=$(or $(RUN_KUBECONFIG),~/.kube/config)"
+	@echo "agentrun-receiver on https://$(RUN_RECEIVER_LISTEN) (CA: $(RUN_RECEIVER_TLS)/ca.crt)"
+	$(RUN_RECEIVER) & trap 'kill $$! 2>/dev/null' EXIT; \
+	AGENTRUN_RECEIVER_URL=$${AGENTRUN_RECEIVER_URL:-https://$(RUN_RECEIVER_LISTEN)} \
 	KUBECONFIG=$(RUN_KUBECONFIG) DATABASE_URL=$(RUN_DATABASE_URL) \
 		AGENTRUN_STORE_API_TLS_CERT_FILE=$${AGENTRUN_STORE_API_TLS_CERT_FILE:-$(RUN_STORE_API_TLS)/tls.crt} \
 		AGENTRUN_STORE_API_TLS_KEY_FILE=$${AGENTRUN_STORE_API_TLS_KEY_FILE:-$(RUN_STORE_API_TLS)/tls.key} \
@@ -151,7 +167,7 @@ run: venv ## run the operator in the foreground against the current kube context
 deploy: ## Helm install into the current kube context (namespace agentrun-system)
 	$(HELM) upgrade --install agentrun charts/agentrun --namespace agentrun-system \
 		--create-namespace --set operator.image=$(IMG_OPERATOR) --set storeApi.image=$(IMG_STORE_API) \
-		--set runner.image=$(IMG_RUNNER) \
+		--set receiver.image=$(IMG_RECEIVER) --set runner.image=$(IMG_RUNNER) \
 		$(HELM_ARGS)
 
 .PHONY: undeploy
@@ -159,17 +175,18 @@ undeploy: ## Helm uninstall
 	$(HELM) uninstall agentrun --namespace agentrun-system
 
 .PHONY: docker-build
-docker-build: ## build the operator, store API and runner images (needs a Docker engine)
+docker-build: ## build the operator, store API, receiver and runner images (needs a Docker engine)
 	@docker info >/dev/null 2>&1 || { echo "docker-build: no Docker engine here; nothing built"; exit 1; }
 	docker build -t $(IMG_OPERATOR) -f Dockerfile .
 	docker build -t $(IMG_STORE_API) -f store-api-image/Dockerfile .
+	docker build -t $(IMG_RECEIVER) -f receiver-image/Dockerfile .
 	docker build -t $(IMG_RUNNER) -f runner-image/Dockerfile .
 
 .PHONY: images
 # Standard library only: no .venv needed. Archives in $${AGENTRUN_CACHE:-~/.cache/agentrun}/images/archives.
-images: ## build the operator, store API, runner and trial-Postgres images as OCI archives (no Docker engine, no registry)
+images: ## build the operator, store API, receiver, runner and trial-Postgres images as OCI archives (no Docker engine, no registry)
 	$(PYTHON) -m agentrun_devtools.images --operator $(IMG_OPERATOR) --store-api $(IMG_STORE_API) \
-		--runner $(IMG_RUNNER) --postgres $(IMG_POSTGRES)
+		--receiver $(IMG_RECEIVER) --runner $(IMG_RUNNER) --postgres $(IMG_POSTGRES)
 
 # Needs root (containerd, kubelet, the pod network); fails, never skips, where it cannot run.
 .PHONY: test-e2e

@@ -55,6 +55,10 @@ class OperatorConfig:
     # The transcript API (store.agentrun.dev), served with the store API on its own
     # HOST:PORT, where the cluster's APIService points ("" = not here).
     transcript_api_listen: str = ""
+    # Where the trigger receiver (agentrun-receiver) is served, as senders reach it: an
+    # AgentRunTrigger's status.url is this and /v1/triggers/<namespace>/<name> ("" = not
+    # known: no status.url).
+    receiver_url: str = ""
     # The scripted model lets whoever creates a run choose every tool call: off unless
     # asked for (development clusters, tests, the demo).
     allow_scripted_model: bool = False
@@ -149,6 +153,10 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
                         "API's certificate (default on the development cluster: where its "
                         "APIService points, .local/store-api/transcript-api-listen; empty: "
                         "not served)")
+    p.add_argument("--receiver-url", default=_env("AGENTRUN_RECEIVER_URL", ""),
+                   help="the trigger receiver's address as senders reach it (an ingress's, "
+                        "or the receiver's Service); AgentRunTriggers' status.url is it and "
+                        "/v1/triggers/<namespace>/<name> (empty: no status.url)")
     p.add_argument("--allow-scripted-model", action="store_true",
                    default=_env("AGENTRUN_ALLOW_SCRIPTED_MODEL", "") == "true",
                    help="honour spec.model: scripted (whoever creates a run then chooses "
@@ -282,6 +290,7 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
         store_api_tls_key_file=a.store_api_tls_key_file,
         store_api_ca=ca,
         transcript_api_listen=a.transcript_api_listen,
+        receiver_url=a.receiver_url,
         allow_scripted_model=a.allow_scripted_model,
         allow_self_approval=a.allow_self_approval,
         runner_image=a.runner_image,

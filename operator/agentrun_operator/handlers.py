@@ -2,7 +2,7 @@
 
 Every handler is a few lines of in-memory work: remember the object, put its key on the
 queue. The reconciles (reconcile.py for AgentRuns, replay.py for AgentRunReplays,
-schedule_reconcile.py for AgentRunSchedules) run in
+schedule_reconcile.py for AgentRunSchedules, trigger_reconcile.py for AgentRunTriggers) run in
 the workers started here, only on the replica that holds the leader Lease when leader
 election is on. kopf is asked to watch and to post Events, and nothing else: there are
 no change-detecting handlers on our kinds, so kopf writes no progress or diff-base
@@ -34,6 +34,7 @@ from agentrun.vocabulary import (
     REPLAY_PLURAL,
     RUN_PLURAL,
     SCHEDULE_PLURAL,
+    TRIGGER_PLURAL,
     VERSION,
     Phase,
     Reason,
@@ -50,6 +51,7 @@ from agentrun_operator.reconcile import Context, slim_node, slim_pod, slim_run, 
 from agentrun_operator.replay import reconcile_replay
 from agentrun_operator.schedule_reconcile import index_run, list_schedule_runs, reconcile_schedule
 from agentrun_operator.status import node_ready
+from agentrun_operator.trigger_reconcile import reconcile_trigger
 
 log = logging.getLogger("agentrun.operator")
 # Threads for the (synchronous) Kubernetes client: reconciles, informers and the store
@@ -225,6 +227,7 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
             memo.workers = [asyncio.create_task(work(ctx, {"replay": reconcile_replay,
                                                            "approval": reconcile_approval,
                                                            "schedule": reconcile_schedule,
+                                                           "trigger": reconcile_trigger,
                                                            "agent": reconcile_agent}))
                             for _ in range(running.workers)]
             memo.workers.append(asyncio.create_task(retention.purge_daily(ctx)))
@@ -302,6 +305,10 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
     async def schedule_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         _observe(memo.ctx, memo.ctx.schedules, "schedule", type, body, _whole)
 
+    @kopf.on.event(GROUP, VERSION, TRIGGER_PLURAL, registry=registry)
+    async def trigger_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        _observe(memo.ctx, memo.ctx.triggers, "trigger", type, body, _whole)
+
     @kopf.on.event(GROUP, VERSION, AGENT_PLURAL, registry=registry)
     async def agent_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         ctx = memo.ctx
@@ -337,8 +344,8 @@ def _observe(ctx: Context, cache: dict[tuple[str, str], dict[str, Any]], kind: s
 
 
 def resync_all(ctx: Context) -> None:
-    """Every run and replay with something possibly left to do, and every schedule, on
-    the queue."""
+    """Every run and replay with something possibly left to do, and every schedule and
+    trigger, on the queue."""
     for (namespace, name), run in list(ctx.runs.items()):
         if _needs_look(run):
             ctx.queue.add(("run", namespace, name))
@@ -352,6 +359,8 @@ def resync_all(ctx: Context) -> None:
             ctx.queue.add(("replay", namespace, name))
     for namespace, name in list(ctx.schedules):
         ctx.queue.add(("schedule", namespace, name))
+    for namespace, name in list(ctx.triggers):
+        ctx.queue.add(("trigger", namespace, name))
 
 
 async def _resync_forever(ctx: Context) -> None:

@@ -132,6 +132,9 @@ class Context:
     # then, a schedule asks the API server for its runs before it starts one.
     schedule_runs_listed: bool = False
     agents: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    # AgentRunTriggers: their status is written here, and their runs are kept at least
+    # their dedupeWindowSeconds (ttl.dedupe_left).
+    triggers: dict[Key, dict[str, Any]] = field(default_factory=dict)
     pods: Informer | Informers | None = None
     nodes: Informer | None = None
     # Pods we created and the pod informer has not shown yet: (namespace, pod) -> when.
@@ -1049,8 +1052,9 @@ async def _collect_pods(ctx: Context, run: Mapping[str, Any]) -> float | None:
             await ctx.kube.delete_pod(meta["namespace"], pod["metadata"]["name"],
                                       pod["metadata"]["uid"])
         pods_left = None
-    run_left = ttl.seconds_left(
-        since, ttl.run_ttl(run.get("spec") or {}, ctx.config.run_ttl_after_finished), now())
+    run_left = ttl.at_least(ttl.seconds_left(
+        since, ttl.run_ttl(run.get("spec") or {}, ctx.config.run_ttl_after_finished), now()),
+        ttl.dedupe_left(run, ctx.triggers, now()))
     if run_left is not None and run_left <= 0:
         return await _expire(ctx, run)
     due = [left for left in (pods_left, run_left) if left is not None]

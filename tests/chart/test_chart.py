@@ -318,8 +318,10 @@ def _namespaced_resources(plane: ControlPlane) -> set[str]:
 def test_the_operator_reads_secrets_cluster_wide_only_when_it_watches_everything(
         control_plane: ControlPlane) -> None:
     everywhere = objects(control_plane, "postgres.enabled=true")
-    assert [k[1] for k, d in everywhere.items() if k[0] == "ClusterRole" and _reads_secrets(d)] == [
-        "agentrun-operator-namespaced"]
+    # The operator (input files) and the trigger receiver (the Secret a trigger's auth
+    # names), and no one else.
+    assert {k[1] for k, d in everywhere.items() if k[0] == "ClusterRole" and _reads_secrets(d)
+            } == {"agentrun-operator-namespaced", "agentrun-receiver"}
 
     listed = objects(control_plane, "postgres.enabled=true", "operator.namespaces={team-a,team-b}")
     assert not [k for k, d in listed.items() if k[0] == "ClusterRole" and _reads_secrets(d)]

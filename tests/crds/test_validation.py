@@ -122,7 +122,7 @@ CASES = [
         "unknown trigger",
         run_manifest("r", trigger="cron"),
         'spec.trigger: Unsupported value: "cron": supported values: "manual", "schedule",'
-        ' "chat", "workflow", "webhook"',
+        ' "chat", "workflow", "webhook", "event"',
     ),
     Case(
         "empty userId",

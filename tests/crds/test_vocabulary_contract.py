@@ -131,7 +131,7 @@ def test_every_policy_is_bound() -> None:
     assert policies == {"agentrun-force-replay", "agentrun-replay-of", "agentrun-run-references",
                         "agentrun-replay-requester", "agentrun-approver",
                         "agentrun-agent-references", "agentrun-run-creator",
-                        "agentrun-schedule-template-by"}
+                        "agentrun-schedule-template-by", "agentrun-trigger-identity"}
     assert bindings == {p: ["Deny"] for p in policies}
     mutating = {d["metadata"]["name"] for d in _docs() if d["kind"] == "MutatingAdmissionPolicy"}
     mutating_bound = {d["spec"]["policyName"] for d in _docs()
@@ -155,3 +155,20 @@ def test_the_schedule_crd_speaks_the_vocabulary() -> None:
     assert "self == oldSelf" not in yaml.safe_dump(template)
     rules = yaml.safe_dump(spec["properties"]["runTemplate"]["x-kubernetes-validations"])
     assert f"'{v.Trigger.SCHEDULE}'" in rules
+
+
+def test_the_trigger_crd_speaks_the_vocabulary() -> None:
+    crd = _one("CustomResourceDefinition", f"{v.TRIGGER_PLURAL}.{v.GROUP}")
+    assert (crd["spec"]["names"]["kind"], crd["spec"]["names"]["plural"]) == (
+        v.TRIGGER_KIND, v.TRIGGER_PLURAL)
+    assert [ver["name"] for ver in crd["spec"]["versions"]] == [v.VERSION]
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    template = spec["properties"]["runTemplate"]["properties"]["spec"]
+    assert template["properties"].keys() == _run_spec()["properties"].keys()
+    assert "self == oldSelf" not in yaml.safe_dump(template)
+    rules = yaml.safe_dump(spec["properties"]["runTemplate"]["x-kubernetes-validations"])
+    assert f"'{v.Trigger.EVENT}'" in rules and f"'{v.EVENT_FILE}'" in rules
+    identity = yaml.safe_dump(_one("ValidatingAdmissionPolicy", "agentrun-trigger-identity"))
+    assert f"'{v.TriggerIdentity.CLOUDEVENTS}'" in identity
+    assert all(f"variables.identity.{form}" in identity for form in (
+        v.TriggerIdentity.HEADER, v.TriggerIdentity.JSON_POINTER))

@@ -32,6 +32,15 @@ def _readme_blocks() -> tuple[list[str], list[str]]:
     return commands(blocks[0]), commands(blocks[1])
 
 
+def _triggers_block() -> list[str]:
+    """The commands of README's "Triggers" (its sh block), continued lines joined."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("### Triggers", 1)[1].split("\n### ", 1)[0]
+    [block] = re.findall(r"```sh\n(.*?)```", section, re.S)
+    return [line.split("  #", 1)[0].strip() for line in block.replace("\\\n", " ").splitlines()
+            if line.strip()]
+
+
 def _copy_repository(to: Path) -> None:
     """The working tree's files (committed or not, as git sees them), and the same .venv
     (left older than pyproject.toml's copy would make it: make must not reinstall)."""
@@ -117,6 +126,20 @@ def test_the_readme_flow_runs_and_replays(tmp_path: Path, the_machines_dev_clust
                  what="the replay run Succeeded")
         assert "event=startup-check-failed" not in log.read_text()
         assert "event=startup-check-passed" in log.read_text()
+        # README's Triggers, with the trigger receiver `make run` started beside the
+        # operator: a GitHub-style delivery starts one run, the same again none.
+        trigger = _triggers_block()
+        created = [i for i, c in enumerate(trigger) if c.startswith("kubectl apply")]
+        assert shell([*exports, *trigger[:created[0] + 1]]).returncode == 0
+        assert shell([*exports, "kubectl wait art/github-issues --for=condition=Ready "
+                                "--timeout=60s"]).returncode == 0
+        sent = shell([*exports, *trigger[created[0] + 1:]])
+        assert '"result": "created"' in sent.stdout, sent.stdout + sent.stderr
+        again = shell([*exports, *trigger[created[0] + 1:]])
+        assert '"result": "duplicate"' in again.stdout, again.stdout + again.stderr
+        runs = shell([*exports, "kubectl get ar -l agentrun.dev/trigger=github-issues "
+                                "-o name"]).stdout.split()
+        assert len(runs) == 1, runs
     finally:
         if operator is not None and operator.poll() is None:
             os.killpg(operator.pid, signal.SIGTERM)

@@ -1,6 +1,6 @@
 """Each program brings what it imports and nothing it must not carry.
 
-pyproject.toml installs four programs from one distribution, each with its own extra. This
+pyproject.toml installs five programs from one distribution, each with its own extra. This
 follows every import of each program through our own modules (imports inside functions
 too, parents packages included, `if TYPE_CHECKING:` blocks left out) and checks that:
 
@@ -33,7 +33,8 @@ REPO = Path(__file__).resolve().parents[2]
 SOURCES = {"agentrun": REPO / "agentrun", "agentrun_operator": REPO / "operator" /
            "agentrun_operator", "agentrun_runner": REPO / "runner-image" / "agentrun_runner",
            "agentrun_store_api": REPO / "store-api-image" / "agentrun_store_api",
-           "agentrun_kubectl": REPO / "kubectl-plugin" / "agentrun_kubectl"}
+           "agentrun_kubectl": REPO / "kubectl-plugin" / "agentrun_kubectl",
+           "agentrun_receiver": REPO / "receiver-image" / "agentrun_receiver"}
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,12 @@ PROGRAMS = {
         forbidden=("kopf", "kubernetes", "sqlalchemy", "psycopg", "alembic",
                    "prometheus-client"),
         dockerfile="runner-image/Dockerfile"),
+    "agentrun-receiver": Program(
+        "receiver", ("agentrun_receiver.main",),
+        # No store credential, no store: nothing of the database layer, no kopf, no ADK.
+        forbidden=("kopf", "google-adk", "litellm", "anthropic", "sqlalchemy", "psycopg",
+                   "alembic"),
+        dockerfile="receiver-image/Dockerfile"),
     "kubectl-agentrun": Program(
         "kubectl", ("agentrun_kubectl.main",),
         # Reading the store itself (DATABASE_URL) needs agentrun[kubectl,store]; the
