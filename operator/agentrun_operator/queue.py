@@ -162,11 +162,14 @@ def preempted_attempts(status: Mapping[str, Any], attempt: int, reason: str) -> 
     return [*earlier, attempt] if reason == Reason.PREEMPTED else earlier
 
 
-def preemption_note(reason: str) -> str:
-    """What the run's message adds after a preemption."""
+def preemption_note(reason: str, message: str) -> str:
+    """What the run's message adds when the next attempt follows a preemption: who
+    preempted it (the attempt's end, `message`), and that it does not count."""
     if reason != Reason.PREEMPTED:
         return ""
-    return " A preemption does not count against retry.maxAttempts."
+    said = message.strip()
+    return (f" {said}" if said else "") + \
+        " A preemption does not count against retry.maxAttempts."
 
 
 def slim_workload(obj: Mapping[str, Any]) -> dict[str, Any]:

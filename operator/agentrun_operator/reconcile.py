@@ -767,7 +767,7 @@ async def _after_settle(ctx: Context, run: Mapping[str, Any], attempt: int, phas
     if resume is not None and resume.approved:
         following = attempt + 1
         said = f"Attempt {attempt} failed ({reason}); attempt {following} resumes it. " \
-            + resume.message + queues.preemption_note(reason)
+            + resume.message + queues.preemption_note(reason, message)
         changes = st.live_status(Phase.PENDING, Reason.RESUMING, said, now(), status,
                                  attempts=following, resumedAttempts=[
                                      *(status.get("resumedAttempts") or []), following],
@@ -783,7 +783,7 @@ async def _after_settle(ctx: Context, run: Mapping[str, Any], attempt: int, phas
     if st.should_retry(spec, spent, phase, reason, tools):
         following = attempt + 1
         said = (f"Attempt {attempt} failed ({reason}) before calling any tool; starting "
-                f"attempt {following}.") + queues.preemption_note(reason)
+                f"attempt {following}.") + queues.preemption_note(reason, message)
         await _write(ctx, run, st.live_status(Phase.PENDING, Reason.RETRYING, said, now(),
                                               status, attempts=following, **kept))
         events.post(run, Reason.RETRYING, said, warning=True)

@@ -159,6 +159,13 @@ def test_preempted_attempts_are_listed(before: list[int], attempt: int, reason: 
                                     reason) == expected
 
 
+def test_the_next_attempt_after_a_preemption_says_who_preempted() -> None:
+    note = queue.preemption_note(Reason.PREEMPTED, "The runner pod was preempted (by Kueue).")
+    assert note == (" The runner pod was preempted (by Kueue). A preemption does not count "
+                    "against retry.maxAttempts.")
+    assert queue.preemption_note(Reason.EVICTED, "The runner pod was evicted.") == ""
+
+
 def run(labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
     return {"metadata": {"name": "triage-42", "namespace": "support", "uid": "u-1",
                          "labels": labels or {}},
@@ -190,6 +197,7 @@ def test_runner_pods_request_the_configured_resources_unless_the_run_says() -> N
 
 def test_the_runner_resources_flag() -> None:
     config = parse(["--store-api-listen=", "--store-api-url=https://store:8080",
+                    "--transcript-api-listen=",
                     '--runner-resources={"requests":{"cpu":"250m"},"limits":{"memory":"1Gi"}}'])
     assert config.runner_resources == {"requests": {"cpu": "250m"},
                                        "limits": {"memory": "1Gi"}}
