@@ -50,6 +50,17 @@ controlplane: ## build (or find cached) etcd, kube-apiserver, ..., kubectl, helm
 peers: ## build (or find cached) argocd-health, kstatus and kubelet-expansion, small commands over Argo CD's, cli-utils' and the kubelet's own code
 	bash devtools/peers/build.sh
 
+# Kueue's controller manager, from its Go module (devtools/kueue/build.sh, cached).
+.PHONY: kueue-build
+kueue-build: ## build (or find cached) Kueue's controller manager and its manifests
+	bash devtools/kueue/build.sh
+
+# Kueue on the running development cluster, left running (docs/kueue.md); make
+# dev-cluster-down stops it.
+.PHONY: kueue
+kueue: venv ## install Kueue (pod integration, for pods labelled kueue.x-k8s.io/queue-name) on the development cluster
+	$(PY) -m agentrun_devtools.kueue up --state $(LOCAL)
+
 .PHONY: lint
 lint: venv ## ruff and mypy
 	$(VENV)/bin/ruff check .

@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from agentrun_devtools import realnode, runner_launcher, transcript_api
+from agentrun_devtools import kueue, realnode, runner_launcher, transcript_api
 from agentrun_devtools.controlplane import REPO, ControlPlane, binaries
 from agentrun_devtools.processes import Child, ProcessDied, free_port, pids_alive, wait_for
 
@@ -219,6 +219,8 @@ def _stop_operator(paths: _Paths) -> None:
 
 def down(paths: _Paths) -> int:
     _stop_operator(paths)
+    # `make kueue`'s Kueue, before the API server it serves goes.
+    kueue.down(kueue._Paths(paths.state), quiet=True)
     pid = _running(paths)
     if pid:
         stop_pid(pid, timeout=90, what="cluster shutdown", group=True)
