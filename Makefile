@@ -37,7 +37,23 @@ lock: ## re-resolve pyproject.toml's ranges in a fresh environment into requirem
 	rm -rf $(LOCAL)/lock-venv
 
 .PHONY: venv
-venv: $(VENV)/.installed ## the Python environment in .venv/
+venv: $(VENV)/.installed console ## the Python environment in .venv/ (with the console's pages)
+
+# The console's pages (kubectl-plugin/console, Vite + Preact + TypeScript) built into the
+# plugin's package (kubectl-plugin/agentrun_kubectl/console/static, not committed); cached in
+# $${AGENTRUN_CACHE:-~/.cache/agentrun}/console by the lock file and the sources. Needs Node.js
+# >= 20.19 and npm.
+.PHONY: console
+console: ## build (or find cached) the console's pages into the kubectl plugin's package
+	bash devtools/console/build.sh
+
+# The screenshots in docs/console.md, taken by the console's browser tests (tests/kubectl/
+# test_console_browser.py) at 1280x800; CI writes them to an output folder, never to docs/.
+# Look at them before you commit them.
+.PHONY: console-screenshots
+console-screenshots: venv controlplane ## refresh docs/console/*.png from the console's browser tests
+	AGENTRUN_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(VENV)/bin/pytest \
+		tests/kubectl/test_console_browser.py -p no:cacheprovider -q $(PYTEST_ARGS)
 
 .PHONY: controlplane
 controlplane: ## build (or find cached) etcd, kube-apiserver, ..., kubectl, helm

@@ -21,6 +21,8 @@ APPROVAL_KIND: Final = "AgentRunApproval"
 APPROVAL_PLURAL: Final = "agentrunapprovals"
 SCHEDULE_KIND: Final = "AgentRunSchedule"
 SCHEDULE_PLURAL: Final = "agentrunschedules"
+TRIGGER_KIND: Final = "AgentRunTrigger"
+TRIGGER_PLURAL: Final = "agentruntriggers"
 
 # The transcript of a run: an aggregated API served by the store API (an APIService, as
 # metrics-server serves metrics.k8s.io), read through the Kubernetes API server.
@@ -232,6 +234,9 @@ class Condition:
     READY: Final = "Ready"
     RECONCILING: Final = "Reconciling"
     STALLED: Final = "Stalled"
+    # Kueue: False (reason Queued, Kueue's own message) while the attempt's pod waits for
+    # quota; True once admitted.
+    ADMITTED: Final = "Admitted"
 
     TOOL_CALLS_RECORDED: Final = "ToolCallsRecorded"
     NO_TOOL_CALLS: Final = "NoToolCalls"
@@ -303,6 +308,8 @@ LABEL_ATTEMPT: Final = f"{GROUP}/attempt"
 LABEL_REPLAY_OF: Final = f"{GROUP}/replay-of"
 # On a schedule's run: the AgentRunSchedule that started it.
 LABEL_SCHEDULE: Final = f"{GROUP}/schedule"
+# On a trigger's run: the AgentRunTrigger whose event started it.
+LABEL_TRIGGER: Final = f"{GROUP}/trigger"
 # Cancel in place: "true" stops a live run and keeps it (Cancelled, CancelRequested); the
 # note, if any, goes into the run's message.
 ANNOTATION_CANCEL: Final = f"{GROUP}/cancel"

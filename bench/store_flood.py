@@ -8,7 +8,7 @@ tenants' requests keep their latency")?
 Starts its own throwaway Postgres (fsync=off, as the test server), a real control plane
 with agentrun's CRDs, two namespaces (two tenants) and a real `agentrun-store-api`
 process; runner identities are real (an AgentRun, its attempt's pod, a token bound to it
-by TokenRequest: tests/store_api.py). Then:
+by TokenRequest: tests/runner_world.py). Then:
 
 1. idle, before: tenant B's runner writes `--writes` ledger rows (open_call + close_call
    through StoreClient, as a runner's ledger does), one after the other with `--pause`
@@ -27,7 +27,7 @@ by TokenRequest: tests/store_api.py). Then:
 
 It prints B's p50/p95/p99 idle before, idle after, their pooled figure (the anchor) and
 the flood's, with the flood's ratio to the anchor (the goal: p99 within 2x), and what
-A's requests got. A figure, not an assertion: tests/runner/test_store_api_limits.py checks
+A's requests got. A figure, not an assertion: tests/store_api/test_store_api_limits.py checks
 the refusals themselves. The output goes to stdout and to `--out` (default
 ~/.cache/agentrun/bench/store-flood-<time>.txt as docs/development.md says; `--out -` for
 stdout only).
@@ -221,7 +221,7 @@ def main() -> int:
     from agentrun_devtools.postgres import Postgres
 
     from tests.cluster_fixtures import apply_crds
-    from tests.store_api import RunnerWorld, call
+    from tests.runner_world import RunnerWorld, call
 
     say = Report()
     work = Path(tempfile.mkdtemp(prefix="agentrun-bench-flood-"))

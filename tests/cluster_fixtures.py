@@ -3,6 +3,7 @@ kube-controller-manager + kube-scheduler), started once per test session."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
@@ -17,6 +18,7 @@ from agentrun_devtools.postgres import Postgres
 from agentrun_devtools.processes import Child, free_port, pids_alive
 from agentrun_devtools.transcript_api import TranscriptEndpoint
 
+from agentrun import store
 from tests.harness import Operator, System
 
 CRDS = REPO / "crds"
@@ -107,8 +109,12 @@ def dev_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFacto
 
 @pytest.fixture(scope="session")
 def store_url(postgres: Postgres) -> str:
-    """The run store of the end-to-end tests (real Postgres), shared by all its clients."""
-    return postgres.create_database("system")
+    """The run store of the end-to-end tests (real Postgres), shared by all its clients,
+    migrated as the operator migrates it at start-up: a test that starts the store API
+    before any operator (tests/operator/test_leader.py) finds its tables."""
+    url = postgres.create_database("system")
+    asyncio.run(store.migrate(url))
+    return url
 
 
 @pytest.fixture(scope="session")

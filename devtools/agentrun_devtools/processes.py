@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from agentrun_devtools.forkserver import Forked, ForkServer
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -85,11 +87,21 @@ class Child:
         cwd: Path | None = None,
         user: str | None = None,
         die_with_parent: bool = True,
+        forks: ForkServer | None = None,
     ) -> None:
+        """`forks`: a fork server that has imported this program (argv[0] names the
+        program's command, argv[1:] are its arguments): the process is forked from it
+        instead of started afresh (not with `user`)."""
         self.name = name
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")  # noqa: SIM115 - owned by the Child
+        self.process: subprocess.Popen[bytes] | Forked
+        if forks is not None and user is None:
+            self.process = forks.spawn([forks.module, *argv[1:]], shown_argv=list(argv),
+                                       env=dict(os.environ if env is None else env),
+                                       cwd=cwd or Path.cwd(), log_path=log_path)
+            return
         self.process = subprocess.Popen(
             list(argv),
             stdout=self._log,

@@ -3,7 +3,7 @@
 `classify(pod, node, now, node_lost_grace)` takes the pod and its node as the API server
 returns them (plain dicts, as kopf hands them over) and returns the run's outcome, or
 None while the pod says nothing final yet. No I/O happens here; the table of cases lives
-in tests/unit/test_classify.py. The Job controller's pod failure policy matching is the
+in tests/operator/test_classify.py. The Job controller's pod failure policy matching is the
 model: first the disruption the cluster itself declared, then what the kubelet reported,
 then what the container's exit says.
 """
