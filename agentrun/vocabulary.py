@@ -227,9 +227,6 @@ class Condition:
     RESUMABLE: Final = "Resumable"
     # True while a tool call of the run waits for an AgentRunApproval.
     APPROVAL_PENDING: Final = "ApprovalPending"
-    # Kueue's admission of the current attempt (runs labelled kueue.x-k8s.io/queue-name):
-    # False with Kueue's own reason and message while queued, True once admitted.
-    ADMITTED: Final = "Admitted"
     # The conditions kstatus (Flux, kubectl wait, cli-utils) and Argo CD read.
     READY: Final = "Ready"
     RECONCILING: Final = "Reconciling"
