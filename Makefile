@@ -90,9 +90,10 @@ lint: venv ## ruff and mypy
 PYTEST_WORKERS ?= 2
 PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-# What the tests need built before they start. .ci/run builds the peers in the background
-# instead (TEST_BUILDS=controlplane): the tests that run them wait for that build's lock.
-TEST_BUILDS ?= controlplane peers
+# What the tests need built before they start. .ci/run builds the peers and Kueue in the
+# background instead (TEST_BUILDS=controlplane): the tests that run them wait for that
+# build's lock.
+TEST_BUILDS ?= controlplane peers kueue-build
 
 .PHONY: test
 test: venv $(TEST_BUILDS) ## unit + integration tests (real control plane, real Postgres, Argo CD and kstatus as their own code)
