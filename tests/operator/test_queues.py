@@ -285,3 +285,42 @@ def test_kueue_runs_here_as_a_process_with_its_webhooks_limited_to_queued_pods(
         "key": K.LABEL_QUEUE_NAME, "operator": "Exists"}]}]
     assert not [h for h in hooks if h["rules"][0]["apiGroups"] not in ([""], [K.GROUP])]
     assert kueue.child is not None and kueue.child.alive()
+
+
+def test_while_kueue_is_down_queued_runs_wait_and_runs_settle_without_its_finalizer(
+        system: System, namespace: str, queues: QueueMaker, kueue: Kueue) -> None:
+    """Kueue down: a queued run's next pod cannot be created (its webhook does not answer):
+    the run says so and retries, no attempt spent; a run without a queue is not affected; a
+    cancelled queued run settles though Kueue's finalizer keeps its pod Terminating. Kueue
+    back: the pod goes, the waiting run runs. (Last in the module: it restarts Kueue.)"""
+    team = queues.queue("team", "200m")
+    system.apply(queued_run(namespace, "busy", [{"sleep": 60}, {"text": "done"}], team))
+    system.wait_phase(namespace, "busy", Phase.RUNNING)
+    kueue.stop()
+    try:
+        system.apply(queued_run(namespace, "blocked", [{"text": "done"}], team))
+        blocked = system.wait_run(namespace, "blocked", lambda r: r["status"]["reason"] ==
+                                  Reason.POD_CREATE_FAILED, what="blocked says why")
+        assert "mpod.kb.io" in blocked["status"]["message"]  # Kueue's pod webhook
+        assert "no attempt is used up" in blocked["status"]["message"]
+        system.apply(in_namespace(agent_run("unqueued", [{"text": "done"}]), namespace))
+        assert system.wait_phase(namespace, "unqueued", Phase.SUCCEEDED, Phase.FAILED)[
+            "status"]["phase"] == Phase.SUCCEEDED
+        system.kubectl("annotate", "agentrun", "busy", "-n", namespace,
+                       "agentrun.dev/cancel=true")
+        busy = system.wait_phase(namespace, "busy", Phase.CANCELLED, Phase.FAILED,
+                                 Phase.SUCCEEDED)
+        assert busy["status"]["phase"] == Phase.CANCELLED, busy["status"]
+        held = system.get("pod", namespace, "busy-1")
+        assert held is not None and held["metadata"].get("deletionTimestamp")
+        assert K.POD_FINALIZER in held["metadata"]["finalizers"]
+    finally:
+        kueue.start()
+    from agentrun_devtools.processes import wait_for
+
+    wait_for(lambda: system.get("pod", namespace, "busy-1") is None, timeout=90,
+             what="Kueue, back, lets the cancelled run's pod go")
+    blocked = system.wait_phase(namespace, "blocked", Phase.SUCCEEDED, Phase.FAILED,
+                                timeout=120)
+    assert (blocked["status"]["phase"], blocked["status"]["attempts"]) == (
+        Phase.SUCCEEDED, 1)
