@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import json
 import os
 import shutil
@@ -53,8 +52,15 @@ import yaml
 
 from agentrun_devtools.certs import PKI
 from agentrun_devtools.controlplane import REPO, ControlPlane, built
-from agentrun_devtools.processes import Child, ProcessDied, free_port, pids_alive, wait_for
-from agentrun_devtools.transcript_api import host_address
+from agentrun_devtools.processes import (
+    Child,
+    ProcessDied,
+    free_port,
+    running_pid,
+    stop_pid,
+    wait_for,
+)
+from agentrun_devtools.transcript_api import host_address, host_service
 
 BUILD_SCRIPT = REPO / "devtools" / "kueue" / "build.sh"
 
@@ -106,21 +112,7 @@ def manifests(config: Path, endpoint: Endpoint, ca_pem: str) -> list[dict[str, A
     bundle = base64.b64encode(ca_pem.encode()).decode()
     service_ref = {"name": SERVICE, "namespace": NAMESPACE, "port": 443}
     labels = {"app.kubernetes.io/name": "kueue", "app.kubernetes.io/component": "webhook"}
-    out: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
-        {"apiVersion": "v1", "kind": "Service",
-         "metadata": {"name": SERVICE, "namespace": NAMESPACE, "labels": labels},
-         "spec": {"ports": [{"name": "webhook", "port": 443, "targetPort": endpoint.port,
-                             "protocol": "TCP"}]}},
-        {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-         "metadata": {"name": f"{SERVICE}-host", "namespace": NAMESPACE,
-                      "labels": {**labels, "kubernetes.io/service-name": SERVICE,
-                                 "endpointslice.kubernetes.io/managed-by":
-                                     "agentrun-devtools"}},
-         "addressType": "IPv4",
-         "endpoints": [{"addresses": [endpoint.address], "conditions": {"ready": True}}],
-         "ports": [{"name": "webhook", "port": endpoint.port, "protocol": "TCP"}]},
-    ]
+    out = host_service(NAMESPACE, SERVICE, "webhook", endpoint.address, endpoint.port, labels)
     # The CRDs, with the conversion webhooks their kustomization patches in.
     crd_dir = config / "crd"
     kustomization = yaml.safe_load((crd_dir / "kustomization.yaml").read_text())
@@ -348,14 +340,6 @@ class _Paths:
         self.kubectl = state / "bin" / "kubectl"
 
 
-def _running(paths: _Paths) -> int | None:
-    try:
-        pid = int(paths.pid.read_text())
-    except (OSError, ValueError):
-        return None
-    return pid if pids_alive([pid]) else None
-
-
 def serve(paths: _Paths) -> None:
     """The supervisor `make kueue` leaves running: Kueue until SIGTERM, then it stops it
     and takes its webhooks out of the cluster."""
@@ -385,7 +369,7 @@ def up(paths: _Paths) -> int:
         print(f"no development cluster in {paths.state}: run `make dev-cluster` first",
               file=sys.stderr)
         return 1
-    if _running(paths) and paths.ready.exists():
+    if running_pid(paths.pid) and paths.ready.exists():
         print("Kueue already running on the development cluster")
         return 0
     down(paths, quiet=True)
@@ -415,14 +399,9 @@ def up(paths: _Paths) -> int:
 
 
 def down(paths: _Paths, *, quiet: bool = False) -> int:
-    pid = _running(paths)
+    pid = running_pid(paths.pid)
     if pid:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        with contextlib.suppress(TimeoutError):
-            wait_for(lambda: not pids_alive([pid]), timeout=60, what="Kueue shutdown")
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+        stop_pid(pid, timeout=60, what="Kueue shutdown", group=True)
     for path in (paths.pid, paths.ready):
         path.unlink(missing_ok=True)
     shutil.rmtree(paths.root, ignore_errors=True)
