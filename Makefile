@@ -67,6 +67,17 @@ controlplane: ## build (or find cached) etcd, kube-apiserver, ..., kubectl, helm
 peers: ## build (or find cached) argocd-health, kstatus and kubelet-expansion, small commands over Argo CD's, cli-utils' and the kubelet's own code
 	bash devtools/peers/build.sh
 
+# Kueue's controller manager, from its Go module (devtools/kueue/build.sh, cached).
+.PHONY: kueue-build
+kueue-build: ## build (or find cached) Kueue's controller manager and its manifests
+	bash devtools/kueue/build.sh
+
+# Kueue on the running development cluster, left running (docs/kueue.md); make
+# dev-cluster-down stops it.
+.PHONY: kueue
+kueue: venv ## install Kueue (pod integration, for pods labelled kueue.x-k8s.io/queue-name) on the development cluster
+	$(PY) -m agentrun_devtools.kueue up --state $(LOCAL)
+
 .PHONY: lint
 lint: venv ## ruff and mypy
 	$(VENV)/bin/ruff check .
@@ -80,9 +91,10 @@ lint: venv ## ruff and mypy
 PYTEST_WORKERS ?= 2
 PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-# What the tests need built before they start. .ci/run builds the peers in the background
-# instead (TEST_BUILDS=controlplane): the tests that run them wait for that build's lock.
-TEST_BUILDS ?= controlplane peers
+# What the tests need built before they start. .ci/run builds the peers and Kueue in the
+# background instead (TEST_BUILDS=controlplane): the tests that run them wait for that
+# build's lock.
+TEST_BUILDS ?= controlplane peers kueue-build
 
 .PHONY: test
 test: venv $(TEST_BUILDS) ## unit + integration tests (real control plane, real Postgres, Argo CD and kstatus as their own code)

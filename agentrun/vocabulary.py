@@ -137,6 +137,8 @@ class Reason:
     RESUMING: Final = "Resuming"
     # Pending, and saying why (when the operator cannot act, or the pod cannot start).
     POD_CREATE_FAILED: Final = "PodCreateFailed"
+    # The attempt's pod waits for Kueue's admission (its scheduling gate), in a queue.
+    QUEUED: Final = "Queued"
     POD_WAITING: Final = "PodWaiting"
     POD_UNSCHEDULABLE: Final = "Unschedulable"
     INPUT_FORBIDDEN: Final = "InputForbidden"
@@ -390,6 +392,35 @@ APPROVER_CLUSTER_ROLE: Final = "agentrun-approver"
 RECEIVER_PATH: Final = "/v1/triggers"
 RECEIVER_GROUP: Final = "agentrun:receivers"
 RECEIVER_SERVICE_ACCOUNT: Final = "agentrun-receiver"
+
+class Kueue:
+    """Kueue's words that agentrun reads or writes (its pod integration's contract)."""
+
+    GROUP: Final = "kueue.x-k8s.io"
+    # The Workload of a gated pod: its QuotaReserved condition says why it waits.
+    WORKLOAD_PLURAL: Final = "workloads"
+    WORKLOAD_CRD: Final = "workloads.kueue.x-k8s.io"
+    # The versions of Workloads read, newest first (the first the cluster serves is used).
+    WORKLOAD_VERSIONS: Final = ("v1beta2", "v1beta1")
+    # On an AgentRun, copied to each of its runner pods: Kueue admits the pod against
+    # the LocalQueue's ClusterQueue, at the WorkloadPriorityClass's priority.
+    LABEL_QUEUE_NAME: Final = "kueue.x-k8s.io/queue-name"
+    LABEL_PRIORITY_CLASS: Final = "kueue.x-k8s.io/priority-class"
+    # The scheduling gate Kueue's pod webhook puts on a pod until it is admitted.
+    ADMISSION_GATE: Final = "kueue.x-k8s.io/admission"
+    # The finalizer Kueue's pod webhook puts on a pod; Kueue removes it once it has seen
+    # the pod end (while Kueue is down, a deleted pod stays Terminating).
+    POD_FINALIZER: Final = "kueue.x-k8s.io/managed"
+    # The pod condition Kueue sets before it deletes a pod it stops, and the prefix of the
+    # reasons of its evictions (WorkloadEvictedDueToPreempted, ...DueToPodsReadyTimeout,
+    # ...DueToClusterQueueStopped, ...DueToDeactivated).
+    TERMINATION_TARGET: Final = "TerminationTarget"
+    EVICTED_REASON_PREFIX: Final = "WorkloadEvicted"
+    # Workload conditions.
+    QUOTA_RESERVED: Final = "QuotaReserved"
+    ADMITTED: Final = "Admitted"
+    LABELS: Final = (LABEL_QUEUE_NAME, LABEL_PRIORITY_CLASS)
+
 
 # Development node simulation (development tooling only; never acted on in production).
 ANNOTATION_SIMULATE: Final = "dev.agentrun.dev/simulate"

@@ -33,10 +33,17 @@ import time
 from pathlib import Path
 
 from agentrun.vocabulary import RECEIVER_GROUP
-from agentrun_devtools import realnode, runner_launcher, transcript_api
+from agentrun_devtools import kueue, realnode, runner_launcher, transcript_api
 from agentrun_devtools.certs import PKI
 from agentrun_devtools.controlplane import REPO, ControlPlane, binaries
-from agentrun_devtools.processes import Child, ProcessDied, free_port, pids_alive, wait_for
+from agentrun_devtools.processes import (
+    Child,
+    ProcessDied,
+    free_port,
+    running_pid,
+    stop_pid,
+    wait_for,
+)
 
 DEFAULT_STATE = REPO / ".local"
 
@@ -46,19 +53,6 @@ def devtools_env() -> dict[str, str]:
     path = os.pathsep.join(
         p for p in (str(REPO / "devtools"), os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, "PYTHONPATH": path}
-
-
-def stop_pid(pid: int, *, timeout: float, what: str, group: bool = False) -> None:
-    """SIGTERM, then SIGKILL (the process group with `group`) if it outlives `timeout`."""
-    if not pids_alive([pid]):
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    try:
-        wait_for(lambda: not pids_alive([pid]), timeout=timeout, what=what)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            (os.killpg if group else os.kill)(pid, signal.SIGKILL)
 
 
 def start_dev_node(plane: ControlPlane, work_dir: Path) -> Child:
@@ -109,11 +103,7 @@ class _Paths:
 
 
 def _running(paths: _Paths) -> int | None:
-    try:
-        pid = int(paths.pid.read_text())
-    except (OSError, ValueError):
-        return None
-    return pid if pids_alive([pid]) else None
+    return running_pid(paths.pid)
 
 
 def serve(paths: _Paths, node_kind: str = "dev") -> None:
@@ -241,6 +231,8 @@ def _stop_operator(paths: _Paths) -> None:
 
 def down(paths: _Paths) -> int:
     _stop_operator(paths)
+    # `make kueue`'s Kueue, before the API server it serves goes.
+    kueue.down(kueue._Paths(paths.state), quiet=True)
     pid = _running(paths)
     if pid:
         stop_pid(pid, timeout=90, what="cluster shutdown", group=True)

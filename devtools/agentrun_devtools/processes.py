@@ -151,3 +151,25 @@ def pids_alive(pids: Sequence[int]) -> list[int]:
         if state != "Z":
             alive.append(pid)
     return alive
+
+
+def running_pid(pid_file: Path) -> int | None:
+    """The pid a supervisor wrote to `pid_file`, if that process still runs."""
+    try:
+        pid = int(pid_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if pids_alive([pid]) else None
+
+
+def stop_pid(pid: int, *, timeout: float, what: str, group: bool = False) -> None:
+    """SIGTERM, then SIGKILL (the process group with `group`) if it outlives `timeout`."""
+    if not pids_alive([pid]):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    try:
+        wait_for(lambda: not pids_alive([pid]), timeout=timeout, what=what)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            (os.killpg if group else os.kill)(pid, signal.SIGKILL)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
+import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agentrun import logs, policy
 from agentrun.vocabulary import DEFAULT_STALE_SECONDS, DEFAULT_TOLERATION_SECONDS, STORE_AUDIENCE
@@ -68,6 +71,10 @@ class OperatorConfig:
     runner_image: str = "agentrun/runner:dev"
     runner_command: tuple[str, ...] = ("agentrun-runner",)
     runner_service_account: str = "agentrun-runner"
+    # The runner container's resources when the run's spec.resources sets none (the chart's
+    # runner.resources): what Kueue's quotas and the scheduler count for each attempt.
+    runner_resources: Mapping[str, Any] = field(
+        default_factory=lambda: dict(DEFAULT_RUNNER_RESOURCES))
     namespaces: tuple[str, ...] = ()  # empty: all namespaces
     stale_after: datetime.timedelta = datetime.timedelta(seconds=DEFAULT_STALE_SECONDS)
     toleration_seconds: int = DEFAULT_TOLERATION_SECONDS
@@ -102,6 +109,31 @@ class OperatorConfig:
     # (agentrun.policy); given to every runner.
     tool_policy: str = ""
     extra_runner_env: dict[str, str] = field(default_factory=dict)
+
+
+# The chart's runner.resources default, and the operator's when it is run without the chart.
+DEFAULT_RUNNER_RESOURCES: Mapping[str, Any] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
+
+
+def runner_resources_of(raw: str) -> dict[str, Any]:
+    """--runner-resources: a container's resources as JSON ({"requests": {...}, "limits":
+    {...}}; {} for none). Raises ValueError with what is wrong."""
+    try:
+        value = json.loads(raw) if raw.strip() else {}
+    except ValueError as e:
+        raise ValueError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError("must be an object with requests and/or limits")
+    unknown = sorted(set(value) - {"requests", "limits"})
+    if unknown:
+        raise ValueError(f"only requests and limits may be set, not {', '.join(unknown)}")
+    for key, amounts in value.items():
+        if not isinstance(amounts, dict) or not all(
+                isinstance(k, str) and isinstance(v, str | int) and not isinstance(v, bool)
+                for k, v in amounts.items()):
+            raise ValueError(f"{key} must map resource names to quantities, such as "
+                             '{"cpu": "100m", "memory": "256Mi"}')
+    return {k: {name: str(q) for name, q in v.items()} for k, v in value.items()}
 
 
 def _env(name: str, default: str) -> str:
@@ -171,6 +203,12 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
                    help="the runner pod's command, space-separated")
     p.add_argument("--runner-service-account",
                    default=_env("AGENTRUN_RUNNER_SERVICE_ACCOUNT", "agentrun-runner"))
+    p.add_argument("--runner-resources",
+                   default=_env("AGENTRUN_RUNNER_RESOURCES",
+                                json.dumps(DEFAULT_RUNNER_RESOURCES, separators=(",", ":"))),
+                   help="the runner container's resources when a run's spec.resources sets "
+                        "none, as JSON (default: requests of 100m CPU and 256Mi memory, "
+                        "what Kueue's quotas and the scheduler count; {} for none)")
     p.add_argument("--namespace", action="append", dest="namespaces",
                    default=[n for n in _env("AGENTRUN_NAMESPACES", "").split(",") if n],
                    help="namespace to watch (repeatable; env AGENTRUN_NAMESPACES, "
@@ -277,6 +315,10 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
         if len(key) < 16:
             p.error(f"--input-digest-key-file {a.input_digest_key_file} holds "
                     f"{len(key)} bytes; the key needs at least 16")
+    try:
+        runner_resources = runner_resources_of(a.runner_resources)
+    except ValueError as e:
+        p.error(f"--runner-resources: {e}")
     grace = a.node_lost_grace if a.node_lost_grace >= 0 else float(a.toleration_seconds)
     if not a.database_url:
         p.error("no run store: set --database-url or DATABASE_URL (postgresql+psycopg://... "
@@ -296,6 +338,7 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
         runner_image=a.runner_image,
         runner_command=tuple(a.runner_command.split()),
         runner_service_account=a.runner_service_account,
+        runner_resources=runner_resources,
         namespaces=tuple(a.namespaces),
         stale_after=datetime.timedelta(seconds=a.stale_after),
         toleration_seconds=a.toleration_seconds,

@@ -47,11 +47,13 @@ from agentrun_operator.config import OperatorConfig
 from agentrun_operator.informer import Informer, Informers, key_of
 from agentrun_operator.kube import Kube
 from agentrun_operator.leader import LeaderElection
+from agentrun_operator.queue import gated
 from agentrun_operator.reconcile import Context, slim_node, slim_pod, slim_run, work
 from agentrun_operator.replay import reconcile_replay
 from agentrun_operator.schedule_reconcile import index_run, list_schedule_runs, reconcile_schedule
 from agentrun_operator.status import node_ready
 from agentrun_operator.trigger_reconcile import reconcile_trigger
+from agentrun_operator.workloads import Workloads
 
 log = logging.getLogger("agentrun.operator")
 # Threads for the (synchronous) Kubernetes client: reconciles, informers and the store
@@ -181,7 +183,17 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
             key = key_of(pod)
             if deleted:
                 ctx.gone[key] = pod
+            elif not ctx.workloads.running and gated(pod):
+                # Kueue holds this pod and its Workloads are not watched yet: Kueue was
+                # installed after this operator started.
+                ctx.workloads.look()
             ctx.queue.add(("run", key[0], run))
+
+        def on_workload_pod(key: tuple[str, str]) -> None:
+            pod = ctx.pods.get(key) if ctx.pods is not None else None
+            run = ((pod or {}).get("metadata", {}).get("labels") or {}).get(LABEL_RUN)
+            if run:
+                ctx.queue.add(("run", key[0], run))
 
         readiness: dict[str, bool] = {}
 
@@ -204,6 +216,9 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
         # outright are listed one by one (the operator may then hold a Role in each and
         # nothing cluster-wide); patterns need the cluster-wide list, filtered here.
         named = named_namespaces(config.namespaces)
+        memo.tasks = []
+        ctx.workloads = Workloads(kube.api, named=named, watched=watched,
+                                  on_pod=on_workload_pod)
         if named:
             ctx.pods = Informers([
                 Informer(f"pods-{ns}", functools.partial(core.list_namespaced_pod, ns),
@@ -217,7 +232,10 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
                              on_change=on_node).start()
         await asyncio.wait_for(asyncio.gather(ctx.pods.synced.wait(), ctx.nodes.synced.wait()),
                                timeout=120)
-        memo.tasks = []
+        # Kueue's Workloads, if Kueue is installed (else looked for again on each resync).
+        if await ctx.workloads.start():
+            with contextlib.suppress(TimeoutError):  # the runs say "queued" meanwhile
+                await asyncio.wait_for(ctx.workloads.informer.synced.wait(), timeout=60)
 
         async def lead() -> None:
             # The leader alone acts: the reconciles and the daily purge. First the runs of
@@ -271,6 +289,7 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
             await asyncio.to_thread(memo.election.release)
         memo.ctx.pods.stop()
         memo.ctx.nodes.stop()
+        memo.ctx.workloads.stop()
         if memo.transcripts is not None:
             await memo.transcripts[0].stop()
             await memo.transcripts[1].dispose()
@@ -368,6 +387,8 @@ async def _resync_forever(ctx: Context) -> None:
     (jittered, so that replicas and restarts do not sweep in step)."""
     while True:
         await asyncio.sleep(ctx.config.check_interval * random.uniform(0.9, 1.1))
+        if ctx.workloads is not None and not ctx.workloads.running:
+            await ctx.workloads.start()  # Kueue may have been installed since
         resync_all(ctx)
 
 

@@ -235,6 +235,24 @@ def test_the_operator_sends_runners_to_the_store_api_and_holds_no_runner_secret(
     assert "--allow-self-approval" in container(alone, "agentrun-operator")["args"]
 
 
+def test_runner_pods_request_the_chart_runner_resources(control_plane: ControlPlane) -> None:
+    """runner.resources reaches the operator, which gives it to every runner pod whose run
+    sets no spec.resources (what the scheduler and Kueue's quotas count)."""
+    def flag(*sets: str) -> Any:
+        args = container(objects(control_plane, "postgres.enabled=true", *sets),
+                         "agentrun-operator")["args"]
+        [given] = [a for a in args if a.startswith("--runner-resources=")]
+        return json.loads(given.split("=", 1)[1])
+
+    assert flag() == {"requests": {"cpu": "100m", "memory": "256Mi"}}
+    # A number is a quantity too (the operator reads it as one).
+    assert flag("runner.resources.requests.cpu=1", "runner.resources.limits.memory=1Gi") == {
+        "requests": {"cpu": 1, "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+    refused = helm(control_plane, "template", "agentrun", str(CHART), "--namespace", NAMESPACE,
+                   "--set", "postgres.enabled=true", "--set", "runner.resources.cpu=1")
+    assert refused.returncode != 0 and "resources" in refused.stderr
+
+
 def _env(found: Objects, deployment: str, name: str) -> dict[str, Any]:
     [entry] = [e for e in container(found, deployment)["env"] if e["name"] == name]
     return entry
@@ -748,11 +766,34 @@ OPERATOR_RIGHTS: list[tuple[tuple[str, ...], bool]] = [
     (("create", "agentrunapprovals.agentrun.dev", "-n", "tenant"), False),
     # A replay is decided for its requester (replay.py asks the authorizer about them).
     (("create", "subjectaccessreviews.authorization.k8s.io"), True),
+    # The CRD that says whether Kueue is installed (workloads.py).
+    (("get", "customresourcedefinitions.apiextensions.k8s.io/workloads.kueue.x-k8s.io"),
+     True),
     # Nothing it does not need.
     (("delete", "agentrunschedules.agentrun.dev", "-n", "tenant"), False),
     (("list", "secrets", "-n", "tenant"), False),
     (("delete", "nodes"), False),
 ]
+
+
+# Kueue's Workloads: why a run's attempt waits in its queue (workloads.py). Kueue is not
+# installed here, and `kubectl auth can-i` answers "no" for a kind the server does not
+# serve, so these are asked of the authorizer directly: (verb, namespace or "", allowed).
+KUEUE_RIGHTS: list[tuple[str, str, bool]] = [
+    ("list", "", True), ("watch", "", True), ("get", "tenant", True),
+    ("update", "tenant", False), ("delete", "tenant", False),
+]
+
+
+def _may_workloads(plane: ControlPlane, verb: str, namespace: str) -> bool:
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+              "spec": {"user": OPERATOR_SA, "groups": ["system:serviceaccounts",
+                                                       f"system:serviceaccounts:{NAMESPACE}"],
+                       "resourceAttributes": {"verb": verb, "group": "kueue.x-k8s.io",
+                                              "resource": "workloads",
+                                              "namespace": namespace}}}
+    done = plane.kubectl("create", "-f", "-", "-o", "json", input=json.dumps(review))
+    return bool(json.loads(done.stdout)["status"].get("allowed"))
 
 
 def _can_i(plane: ControlPlane, *args: str) -> bool:
@@ -783,6 +824,10 @@ def test_the_installed_chart_lets_the_operator_do_what_its_code_calls(
         time.sleep(0.5)
     wrong = [" ".join(args) + (" is refused" if allowed else " is allowed")
              for args, allowed in OPERATOR_RIGHTS if _can_i(installed, *args) != allowed]
+    wrong += [f"{verb} workloads.kueue.x-k8s.io in {namespace or 'all namespaces'}"
+              + (" is refused" if allowed else " is allowed")
+              for verb, namespace, allowed in KUEUE_RIGHTS
+              if _may_workloads(installed, verb, namespace) != allowed]
     assert not wrong, f"{OPERATOR_SA}: " + "; ".join(wrong)
     # The Deployment as installed: two replicas (no pods here: nothing schedules them).
     deployment = json.loads(installed.kubectl(

@@ -52,6 +52,7 @@ def test_kubectl_get_ar_prints_the_run_columns(crds: Kubectl, namespace: str) ->
         "AGENT",
         "PHASE",
         "REASON",
+        "ADMITTED",  # Kueue's admission of the current attempt (docs/kueue.md)
         "TOOLS",
         "ATTEMPTS",
         "AGE",
@@ -61,6 +62,8 @@ def test_kubectl_get_ar_prints_the_run_columns(crds: Kubectl, namespace: str) ->
         "AGENT",
         "PHASE",
         "REASON",
+        "ADMITTED",
+        "QUEUE",
         "TOOLS",
         "ATTEMPTS",
         "AGE",

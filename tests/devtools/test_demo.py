@@ -5,6 +5,7 @@ directory (its own development cluster, operator and SQLite store; the repositor
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,9 @@ def test_demo_tells_the_story_and_leaves_the_cluster_up(
         # 1. the run, the eviction after send_email
         assert "$ kubectl create --raw /api/v1/namespaces/demo/pods/refund-42-1/eviction" in out
         assert "1        1  send_email" in out and "no (called, never answered)" in out
-        assert "refund-42   support-agent   Failed   Evicted   [\"send_email\"]" in out
+        # (the ADMITTED and QUEUE columns between REASON and TOOLS are blank: no queue)
+        assert re.search(r'refund-42   support-agent   Failed   Evicted +\["send_email"\]',
+                         out), out[-6000:]
         # 2. the refusal, with its message
         assert "refund-42-again   refund-42   Refused   ToolsExecuted" in out
         assert ("This run already called send_email before failing: a replay would "
@@ -48,7 +51,7 @@ def test_demo_tells_the_story_and_leaves_the_cluster_up(
         assert "Approved (Forced)" in out
         assert "Emails sent to customer-42@example.com: 2" in out
         # 5. evicted before any tool: approved at once
-        assert "lookup-7   support-agent   Failed   Evicted   []" in out
+        assert re.search(r"lookup-7   support-agent   Failed   Evicted +\[\]", out)
         assert "lookup-7-again   lookup-7   Approved   NoToolsExecuted" in out
         # 6. resumed by itself after send_email answered: one email
         assert "Emails sent by refund-43: 1" in out

@@ -23,6 +23,7 @@ def pod(
     *,
     deleting: bool = False,
     disruption: str | None = None,
+    kueue: str | None = None,
     reason: str | None = None,
     message: str | None = None,
     terminated: dict[str, Any] | None = None,
@@ -33,6 +34,12 @@ def pod(
     if disruption:
         status["conditions"].append({"type": "DisruptionTarget", "status": "True",
                                      "reason": disruption, "message": "because"})
+    if kueue:
+        # What Kueue's pod integration writes before it deletes a pod it stops.
+        status["conditions"].append({"type": "TerminationTarget", "status": "True",
+                                     "reason": kueue, "message": "Preempted to accommodate "
+                                     "a workload (UID: 0f1e) due to prioritization in the "
+                                     "ClusterQueue"})
     if reason:
         status["reason"] = reason
     if message:
@@ -72,6 +79,28 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any] | None, str | None, str | 
     ("preemption: DisruptionTarget PreemptionByScheduler + deletion",
      pod(deleting=True, disruption="PreemptionByScheduler"), node(), Phase.FAILED,
      Reason.PREEMPTED),
+    ("Kueue preemption: TerminationTarget WorkloadEvictedDueToPreempted + deletion",
+     pod(deleting=True, kueue="WorkloadEvictedDueToPreempted"), node(), Phase.FAILED,
+     Reason.PREEMPTED),
+    ("Kueue eviction, pod already failed with SIGTERM's exit code: still Preempted",
+     pod("Failed", deleting=True, kueue="WorkloadEvictedDueToPreempted",
+         terminated=exited(143)), node(), Phase.FAILED, Reason.PREEMPTED),
+    ("Kueue deactivation: TerminationTarget WorkloadEvictedDueToDeactivated + deletion",
+     pod(deleting=True, kueue="WorkloadEvictedDueToDeactivated"), node(), Phase.FAILED,
+     Reason.PREEMPTED),
+    ("Kueue: ClusterQueue stopped (WorkloadEvictedDueToClusterQueueStopped) + deletion",
+     pod(deleting=True, kueue="WorkloadEvictedDueToClusterQueueStopped"), node(),
+     Phase.FAILED, Reason.PREEMPTED),
+    ("Kueue: pods-ready timeout (WorkloadEvictedDueToPodsReadyTimeout) + deletion",
+     pod(deleting=True, kueue="WorkloadEvictedDueToPodsReadyTimeout"), node(),
+     Phase.FAILED, Reason.PREEMPTED),
+    ("Kueue stops the pod of a deleted Workload: PodDeleted, not a preemption",
+     pod(deleting=True, kueue="WorkloadDeleted"), node(), Phase.FAILED, Reason.POD_DELETED),
+    ("TerminationTarget alone (Kueue has not deleted it yet): nothing final",
+     pod(kueue="WorkloadEvictedDueToPreempted"), node(), Phase.RUNNING, Reason.STARTED),
+    ("Kueue eviction of a pod that had already succeeded: success",
+     pod("Succeeded", deleting=True, kueue="WorkloadEvictedDueToPreempted",
+         terminated=exited(0, "Completed")), node(), Phase.SUCCEEDED, Reason.SUCCEEDED),
     ("taint manager: DisruptionTarget DeletionByTaintManager + deletion",
      pod(deleting=True, disruption="DeletionByTaintManager"), node("Unknown", 40),
      Phase.FAILED, Reason.NODE_LOST),
@@ -150,3 +179,19 @@ def test_messages_say_what_to_do() -> None:
     assert agent is not None and "ValueError: boom" in agent.message
     lost = classify(pod(), node("Unknown", 45), NOW, GRACE)
     assert lost is not None and "dev-node" in lost.message and "45s" in lost.message
+
+
+def test_a_preemption_says_who_preempted() -> None:
+    """Kueue's eviction and the scheduler's preemption are both Preempted; the message
+    names which, with the preemptor's own words."""
+    by_kueue = classify(pod(deleting=True, kueue="WorkloadEvictedDueToPreempted"), node(),
+                        NOW, GRACE)
+    by_scheduler = classify(pod(deleting=True, disruption="PreemptionByScheduler"), node(),
+                            NOW, GRACE)
+    assert by_kueue is not None and by_scheduler is not None
+    assert "by Kueue, which evicted its Workload: WorkloadEvictedDueToPreempted: " \
+        "Preempted to accommodate a workload" in by_kueue.message
+    assert "by the scheduler, for a higher-priority pod: PreemptionByScheduler" \
+        in by_scheduler.message
+    stopped = classify(pod(deleting=True, kueue="WorkloadDeleted"), node(), NOW, GRACE)
+    assert stopped is not None and "by Kueue: WorkloadDeleted" in stopped.message

@@ -120,6 +120,12 @@ per namespace of operator.namespaces, or a ClusterRole when it is empty).
 - apiGroups: [""]
   resources: [configmaps, secrets]
   verbs: [get]
+# Kueue's Workloads (runs labelled kueue.x-k8s.io/queue-name): read to show why an
+# attempt waits in its queue (their QuotaReserved condition); watched only where Kueue is
+# installed.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get, list, watch]
 {{- end }}
 
 {{/*
