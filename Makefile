@@ -226,11 +226,12 @@ comma := ,
 BENCH_OUT := $(if $(BENCH_QUICK),--out -)
 
 .PHONY: bench
-bench: venv controlplane ## benchmarks: ledger cost; a tenant's ledger writes while another floods the store API, and while one viewer opens 200 transcript follows; ledger writes during a retention purge of 100,000 records; eviction latency idle and under load, throughput beside the Job controller; the operator at rest at scale; resume; status writes of live usage and approval latency; schedules; the transcript API's latency
+bench: venv controlplane ## benchmarks: ledger cost; a tenant's ledger writes while another floods the store API, and while one viewer opens 200 transcript follows; ledger writes during a retention purge of 100,000 records; trigger events accepted beside kubectl create; eviction latency idle and under load, throughput beside the Job controller; the operator at rest at scale; resume; status writes of live usage and approval latency; schedules; the transcript API's latency
 	$(PY) bench/ledger.py $(BENCH_OUT)
 	$(PY) bench/store_flood.py $(BENCH_OUT)
 	$(PY) bench/follow_flood.py $(if $(BENCH_QUICK),--seconds 50 --writes 300,) $(BENCH_OUT)
 	$(PY) bench/purge.py $(if $(BENCH_QUICK),--records 10000 --writes 300,) $(BENCH_OUT)
+	$(PY) bench/trigger.py --events $(if $(BENCH_QUICK),100,1000) $(BENCH_OUT)
 	$(PY) bench/eviction.py --trials $(BENCH_TRIALS) $(BENCH_OUT)
 	$(PY) bench/eviction.py --trials $(BENCH_TRIALS) --background $(BENCH_BACKGROUND) $(BENCH_OUT)
 	$(PY) bench/throughput.py --n $(BENCH_N) $(BENCH_OUT)
