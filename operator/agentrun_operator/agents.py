@@ -30,11 +30,11 @@ from kubernetes.client.exceptions import ApiException
 from agentrun import agents, policy, store
 from agentrun.vocabulary import AGENT_PLURAL, AgentReason, Condition, Reason
 from agentrun_operator import events
+from agentrun_operator.controller import Context
 from agentrun_operator.status import stamp
 
 if TYPE_CHECKING:
     from agentrun_operator.kube import Kube
-    from agentrun_operator.reconcile import Context
 
 log = logging.getLogger("agentrun.operator")
 

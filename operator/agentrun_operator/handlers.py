@@ -43,10 +43,11 @@ from agentrun_operator import events, metrics, retention, startup_checks, usage
 from agentrun_operator.agents import reconcile_agent, slim_agent
 from agentrun_operator.approval import reconcile_approval
 from agentrun_operator.config import OperatorConfig
+from agentrun_operator.controller import Context, slim_node, slim_pod, slim_run, work
 from agentrun_operator.informer import Informer, Informers, key_of
 from agentrun_operator.kube import Kube
 from agentrun_operator.leader import LeaderElection
-from agentrun_operator.reconcile import Context, slim_node, slim_pod, slim_run, work
+from agentrun_operator.reconcile import reconcile_run
 from agentrun_operator.replay import reconcile_replay
 from agentrun_operator.schedule_reconcile import index_run, list_schedule_runs, reconcile_schedule
 from agentrun_operator.status import node_ready
@@ -222,7 +223,8 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
             # schedules, listed once, so that no schedule is looked at on a cache that
             # kopf's watch has not filled yet (it then keeps them current).
             await list_schedule_runs(ctx, named, watched)
-            memo.workers = [asyncio.create_task(work(ctx, {"replay": reconcile_replay,
+            memo.workers = [asyncio.create_task(work(ctx, {"run": reconcile_run,
+                                                           "replay": reconcile_replay,
                                                            "approval": reconcile_approval,
                                                            "schedule": reconcile_schedule,
                                                            "agent": reconcile_agent}))

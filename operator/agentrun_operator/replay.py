@@ -33,6 +33,7 @@ from agentrun.vocabulary import (
 )
 from agentrun_operator import authorize, events, metrics
 from agentrun_operator import status as st
+from agentrun_operator.controller import Context, now
 from agentrun_operator.decide import (
     Decision,
     Journal,
@@ -42,8 +43,8 @@ from agentrun_operator.decide import (
     is_forced,
     replay_decided,
 )
+from agentrun_operator.journal import journal_of
 from agentrun_operator.kube import api_message
-from agentrun_operator.reconcile import Context, journal_of, now
 
 log = logging.getLogger("agentrun.operator")
 
