@@ -617,7 +617,7 @@ async def _finish(ctx: Context, run: Mapping[str, Any], attempt: int,
     """Ends attempt `attempt` (the run's current one) with the cluster's `outcome`, as a
     sync that saw it would: weighed against the runner's account, settled, shown."""
     assert attempt == current_attempt(run.get("status") or {})
-    facts = await gather(ctx, run)
     told = await _with_runner_account(ctx, run["metadata"]["uid"], attempt, outcome)
-    return await act(ctx, facts, Settle(told))
+    # The fence needs only the run: the facts are gathered after it.
+    return await act(ctx, RunFacts(run=run), Settle(told))
 
