@@ -64,6 +64,7 @@ class Context:
     # The last state of runner pods deleted while we were watching.
     gone: dict[Key, dict[str, Any]] = field(default_factory=dict)
     service_accounts: set[Key] = field(default_factory=set)
+    service_account_locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
     # When each live run's usage was last written to its status (the throttle of
     # run.USAGE_EVERY), by monotonic clock.
     usage_written: dict[Key, float] = field(default_factory=dict)

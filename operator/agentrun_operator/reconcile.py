@@ -18,6 +18,7 @@ and goes on from there.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -535,8 +536,11 @@ async def _start(ctx: Context, facts: RunFacts, step: Start,
     account_name = spec.get("serviceAccountName")
     runner_account = (meta["namespace"], ctx.config.runner_service_account)
     if not account_name and runner_account not in ctx.service_accounts:
-        await ctx.kube.ensure_service_account(*runner_account)
-        ctx.service_accounts.add(runner_account)
+        # One worker asks; the others launching in this namespace wait for its answer.
+        async with ctx.service_account_locks.setdefault(runner_account, asyncio.Lock()):
+            if runner_account not in ctx.service_accounts:
+                await ctx.kube.ensure_service_account(*runner_account)
+                ctx.service_accounts.add(runner_account)
     try:
         made = await ctx.kube.create_pod(runner_pod(
             run, attempt, session, str(digest), ctx.config, agent_digest=agent_digest,
