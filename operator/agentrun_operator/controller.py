@@ -2,9 +2,9 @@
 caches), and the workers that take keys off the work queue.
 
 Every kind's reconcile (reconcile.py for AgentRuns, replay.py, approval.py,
-schedule_reconcile.py, agents.py) takes a `Context` and is handed to `work` by the
-handlers; this module imports none of them, so nothing here depends on a kind and no
-module imports back from another kind's reconcile.
+schedule_reconcile.py, trigger_reconcile.py, agents.py) takes a `Context` and is handed to
+`work` by the handlers; this module imports none of them, so nothing here depends on a
+kind and no module imports back from another kind's reconcile.
 """
 
 from __future__ import annotations
@@ -57,8 +57,13 @@ class Context:
     # then, a schedule asks the API server for its runs before it starts one.
     schedule_runs_listed: bool = False
     agents: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    # AgentRunTriggers: their status is written here, and their runs are kept at least
+    # their dedupeWindowSeconds (ttl.dedupe_left).
+    triggers: dict[Key, dict[str, Any]] = field(default_factory=dict)
     pods: Informer | Informers | None = None
     nodes: Informer | None = None
+    # Kueue's Workloads (workloads.Workloads), once Kueue's CRDs are found served.
+    workloads: Any = None
     # Pods we created and the pod informer has not shown yet: (namespace, pod) -> when.
     expected: dict[Key, float] = field(default_factory=dict)
     # The last state of runner pods deleted while we were watching.
@@ -103,6 +108,10 @@ class Context:
             return self.nodes.get(("", name))
         return await self.kube.read_node(name)
 
+    def workload_of(self, pod: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The Workload Kueue made for a runner pod, if Kueue runs here and made one."""
+        return self.workloads.of(pod) if self.workloads is not None else None
+
     def pods_of(self, namespace: str, run: str) -> list[dict[str, Any]]:
         if self.pods is None:
             return []
@@ -133,8 +142,10 @@ def slim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
     keep = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp", "labels",
             "annotations", "ownerReferences", "creationTimestamp")
     spec = obj.get("spec") or {}
-    return {"metadata": {k: meta[k] for k in keep if k in meta},
-            "spec": {"nodeName": spec.get("nodeName")},
+    kept: dict[str, Any] = {"nodeName": spec.get("nodeName")}
+    if spec.get("schedulingGates"):  # Kueue's admission gate (queue.py)
+        kept["schedulingGates"] = spec["schedulingGates"]
+    return {"metadata": {k: meta[k] for k in keep if k in meta}, "spec": kept,
             "status": dict(obj.get("status") or {})}
 
 
@@ -153,7 +164,8 @@ Reconciler = Callable[[Context, str, str], Awaitable[float | None]]
 
 async def work(ctx: Context, reconcilers: Mapping[str, Reconciler]) -> None:
     """One worker: takes keys off the queue until cancelled; each key's kind names its
-    reconcile in `reconcilers` ("run", "replay", "approval", "schedule", "agent")."""
+    reconcile in `reconcilers` ("run", "replay", "approval", "schedule", "trigger",
+    "agent")."""
     while True:
         key = await ctx.queue.get()
         kind, namespace, name = key

@@ -31,6 +31,7 @@ from agentrun import agents, history, store
 from agentrun.vocabulary import (
     APPROVAL_PLURAL,
     DEFAULT_USER_ID,
+    LABEL_TRIGGER,
     REPLAY_PLURAL,
     RUN_PLURAL,
     ApprovalDecision,
@@ -59,6 +60,7 @@ from agentrun_operator.run import (
     Deny,
     Expire,
     Finish,
+    InQueue,
     Launch,
     Live,
     Nothing,
@@ -132,7 +134,7 @@ async def gather(ctx: Context, run: Mapping[str, Any], *, after_fence: bool = Fa
     attempt = current_attempt(status)
     key = (namespace, pod_name(meta["name"], attempt))
     phase = status.get("phase")
-    pod = node = None
+    pod = node = workload = None
     if phase not in Phase.TERMINAL and phase != Phase.WAITING and (
             status.get("inputDigest") or meta.get("deletionTimestamp")):
         pod = await ctx.pod(*key)
@@ -140,10 +142,11 @@ async def gather(ctx: Context, run: Mapping[str, Any], *, after_fence: bool = Fa
             node = await ctx.node((pod.get("spec") or {}).get("nodeName") or "")
             if owns(run, pod):
                 ctx.expected.pop(key, None)
+                workload = ctx.workload_of(pod)
     expected = ctx.expected.get(key)
     written = ctx.usage_written.get((namespace, meta["name"]))
     facts = RunFacts(
-        run=run, pod=pod, node=node, gone=ctx.gone.get(key),
+        run=run, pod=pod, node=node, workload=workload, gone=ctx.gone.get(key),
         created_ago=None if expected is None else time.monotonic() - expected,
         usage_written_ago=None if written is None else time.monotonic() - written,
         unsettled=unsettled)
@@ -159,15 +162,21 @@ def _settled_caches(ctx: Context, facts: RunFacts) -> RunFacts:
     """A settled run's own pods (their time to live), and, once its own time to live may
     be up, its replays and approvals."""
     meta = facts.meta
-    pods = tuple(p for p in ctx.pods_of(meta["namespace"], facts.name) if owns(facts.run, p))
+    # A pod already deleting is not deleted again (Kueue's finalizer may hold it while
+    # Kueue is down).
+    pods = tuple(p for p in ctx.pods_of(meta["namespace"], facts.name)
+                 if owns(facts.run, p) and not p["metadata"].get("deletionTimestamp"))
     if ttl.run_ttl(facts.spec, ctx.config.run_ttl_after_finished) is None:
         return dataclasses.replace(facts, pods=pods)
     ns, name = meta["namespace"], facts.name
+    trigger = (meta.get("labels") or {}).get(LABEL_TRIGGER)
+    found = ctx.triggers.get((ns, trigger)) if trigger else None
     replays = tuple(r for (rns, _), r in list(ctx.replays.items())
                     if rns == ns and (r.get("spec") or {}).get("runName") == name)
     approvals = tuple(a for (ans, _), a in list(ctx.approvals.items())
                       if ans == ns and (a.get("spec") or {}).get("runName") == name)
-    return dataclasses.replace(facts, pods=pods, replays=replays, approvals=approvals)
+    return dataclasses.replace(facts, pods=pods, replays=replays, approvals=approvals,
+                               triggers={(ns, str(trigger)): found} if found else {})
 
 
 async def _read_store(ctx: Context, facts: RunFacts, wanted: Reads) -> RunFacts:
@@ -240,7 +249,7 @@ async def act(ctx: Context, facts: RunFacts, step: RunStep) -> float | None:
             return step.again
         case Expire():
             return await _expire(ctx, facts, step)
-        case Live() | Wait() | Finish() | Tools() | Usage():
+        case Live() | Wait() | Finish() | Tools() | InQueue() | Usage():
             return await show(ctx, facts, step)
     raise AssertionError(f"no action for {step!r}")
 

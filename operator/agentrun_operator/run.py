@@ -20,10 +20,10 @@ Rules, first match wins (n: the attempt in status.attempts):
 | live, agentrun.dev/cancel, Waiting | deny the call waited for, close the run: Cancelled |
 | live, agentrun.dev/cancel | settle attempt n CancelRequested (the fence) |
 | settled, toolsExecuted null, the store can count them | count them, then show them |
-| settled, its pods past their time to live | delete them |
+| settled, its pods past their time to live | delete them (not those already going) |
 | settled, past its own time to live, a replay of it undecided | wait for the decision |
 | settled, past its own time to live | delete its replays, its approvals, then it |
-| settled | nothing (until the nearer time to live) |
+| settled | nothing (until the nearer time to live; a trigger's run: at least its dedupe window) |
 | Waiting, the call gone from the store | the end: Failed AgentError |
 | Waiting, undecided, not expired | nothing until it expires |
 | Waiting, undecided, expired | deny it (approver `timeout`) |
@@ -39,10 +39,12 @@ Rules, first match wins (n: the attempt in status.attempts):
 | no pod, created, the API server still has it | look again in a moment |
 | no pod, created and gone | settle: its last state, PodDeleted, the runner's account, PodLost |
 | the pod says the attempt ended | settle: the runner's account or the cluster's (`account`) |
+| Kueue holds the pod, the status does not say so | Pending, Queued (Admitted False) |
+| Kueue admitted the pod, the status does not say so | Admitted True |
 | the pod runs, status Pending | Running, Started |
 | the pod runs, its usage changed | show the usage (at most every USAGE_EVERY s) |
 | the pod waits (unschedulable, its container cannot start) | Pending, saying why |
-| past the stale limit | settle Stale |
+| past the stale limit (counted from Kueue's admission; never while gated) | settle Stale |
 | otherwise | nothing until the stale deadline (every second while the node is not Ready) |
 
 An attempt that ended is shown, first match wins (`after_end`):
@@ -59,7 +61,9 @@ An attempt that ended is shown, first match wins (`after_end`):
 deadline, ...), attempts left, and tools not provably `[]` (a retry starts over then); a
 resume the journal refuses leaves the run Failed with Resumable False and the refusal.
 The end is one write: phase, reason, toolsExecuted, toolCalls, result and usage together.
-Attempts that followed an approval's decision do not count against retry.maxAttempts.
+Attempts that followed an approval's decision, and preempted ones (Kueue's eviction, the
+scheduler's preemption: status.preemptedAttempts), do not count against retry.maxAttempts;
+the message of the attempt that follows a preemption says who preempted it.
 
 A sync takes one step. Settling is the one step that writes to the store before it is
 shown (the fence: first writer wins, and the ledger refuses new calls after it): the same
@@ -89,6 +93,7 @@ from agentrun.vocabulary import (
     Reason,
     RunStatus,
 )
+from agentrun_operator import queue as queues
 from agentrun_operator import status as st
 from agentrun_operator import ttl
 from agentrun_operator.classify import Outcome, classify
@@ -145,6 +150,7 @@ class RunFacts:
 
     run: Mapping[str, Any]  # the AgentRun (slimmed: no input once it is snapshotted)
     pod: Mapping[str, Any] | None = None  # attempt n's pod (the cache)
+    workload: Mapping[str, Any] | None = None  # the pod's Workload, Kueue's (the cache)
     node: Mapping[str, Any] | None = None  # the pod's node (the cache)
     gone: Mapping[str, Any] | None = None  # the pod's last state, deleted while watched
     created_ago: float | None = None  # seconds since this operator created the pod
@@ -159,6 +165,9 @@ class RunFacts:
     pods: tuple[Mapping[str, Any], ...] = ()
     replays: tuple[Mapping[str, Any], ...] = ()
     approvals: tuple[Mapping[str, Any], ...] = ()
+    # The AgentRunTrigger whose run it is, by (namespace, name) (the cache; its dedupe
+    # window keeps the run: ttl.dedupe_left).
+    triggers: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def meta(self) -> Mapping[str, Any]:
@@ -376,6 +385,7 @@ class Finish:
     refused: Decision | None = None
     cancelled_wait: bool = False
     stop_pod: bool = False
+    preempted: tuple[int, ...] = ()  # status.preemptedAttempts
 
 
 @dataclass(frozen=True)
@@ -383,6 +393,14 @@ class Tools:
     """Show the tools of a settled run, known at last (with its ledger, answer, usage)."""
 
     tools: Sequence[str]
+
+
+@dataclass(frozen=True)
+class InQueue:
+    """Show where attempt n's pod stands in Kueue's queue (queue.py): Pending, Queued and
+    Admitted False with Kueue's words while it waits; Admitted True once admitted."""
+
+    admitted: bool
 
 
 @dataclass(frozen=True)
@@ -408,7 +426,7 @@ class Expire:
     approvals: tuple[Mapping[str, Any], ...]
 
 
-Show = Live | Wait | Finish | Tools | Usage
+Show = Live | Wait | Finish | Tools | InQueue | Usage
 RunStep = (Nothing | AddFinalizer | Release | Settle | Count | Deny | CancelWait | Launch
            | Start | Show | DeletePods | Expire)
 # The steps that write to the store first; the sync then decides again on what it holds.
@@ -626,8 +644,14 @@ def resume_applies(facts: RunFacts, end: Ended | None = None) -> bool:
     if end is None or not retry.get("resume") or end.phase != Phase.FAILED \
             or end.reason in _NOT_RESUMED or end.tools == []:
         return False
-    spent = facts.attempt - decided_before(facts)
-    return spent < int(retry.get("maxAttempts") or 1)
+    return spent_attempts(facts, end.reason) < int(retry.get("maxAttempts") or 1)
+
+
+def spent_attempts(facts: RunFacts, reason: str) -> int:
+    """The attempts that count against retry.maxAttempts once attempt n ended with
+    `reason`: neither those that followed an approval's decision nor preempted ones."""
+    preempted = queues.preempted_attempts(facts.status, facts.attempt, reason)
+    return facts.attempt - decided_before(facts) - len(preempted)
 
 
 def _pending_call(facts: RunFacts) -> Approval | None:
@@ -654,6 +678,9 @@ def after_end(facts: RunFacts, end: Ended) -> RunStep:
                                                   said=message)
     end = Ended(end.phase, reason, message, end.tools)
     following = attempt + 1
+    preempted = queues.preempted_attempts(facts.status, attempt, reason)
+    kept = {"preemptedAttempts": preempted} if preempted else {}
+    note = queues.preemption_note(reason, message)
     resume: Decision | None = None
     if resume_applies(facts, end):
         digest = facts.status.get("inputDigest")
@@ -664,30 +691,28 @@ def after_end(facts: RunFacts, end: Ended) -> RunStep:
         if resume.approved:
             return Live(Phase.PENDING, Reason.RESUMING, say(
                 f"{Reason.RESUMING}/journal", attempt=attempt, after=reason, next=following,
-                decision=resume.message), {"attempts": following, "resumedAttempts": [
-                    *(facts.status.get("resumedAttempts") or []), following]},
+                decision=resume.message) + note, {"attempts": following, "resumedAttempts": [
+                    *(facts.status.get("resumedAttempts") or []), following], **kept},
                 after=reason, resumable=resume)
-    if should_retry(facts.spec, attempt - decided_before(facts), end.phase, reason, end.tools):
+    if should_retry(facts.spec, spent_attempts(facts, reason), end.phase, reason, end.tools):
         return Live(Phase.PENDING, Reason.RETRYING, say(
-            Reason.RETRYING, attempt=attempt, after=reason, next=following),
-            {"attempts": following}, after=reason)
+            Reason.RETRYING, attempt=attempt, after=reason, next=following) + note,
+            {"attempts": following, **kept}, after=reason)
     return Finish(end.phase, reason, message, end.tools, refused=resume,
-                  stop_pod=reason in _STOP_POD)
+                  stop_pod=reason in _STOP_POD, preempted=tuple(preempted))
 
 
 def _stale_left(facts: RunFacts, now: datetime.datetime, config: OperatorConfig) -> float:
-    started = _moment(facts.status.get("startedAt") or facts.meta.get("creationTimestamp"))
+    """Seconds until attempt n is Stale. Queue time is not running time: the limit is not
+    counted while Kueue holds the pod, and counts from its admission once admitted."""
+    if facts.pod is not None and queues.gated(facts.pod):
+        return config.stale_after.total_seconds()
+    started = queues.stale_clock(facts.status, facts.meta.get("creationTimestamp"))
     return ((started or now) + config.stale_after - now).total_seconds()
 
 
 def _stale(config: OperatorConfig) -> Outcome:
     return Outcome(Phase.FAILED, Reason.STALE, st.stale_message(config.stale_after))
-
-
-def _moment(stamp: Any) -> datetime.datetime | None:
-    if not stamp:
-        return None
-    return datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
 
 
 def decide_run(facts: RunFacts, now: datetime.datetime, config: OperatorConfig) -> RunStep:
@@ -795,8 +820,10 @@ def _settled(facts: RunFacts, now: datetime.datetime, config: OperatorConfig) ->
     since = ttl.settled_at(facts.run)
     pods_left = ttl.seconds_left(since, config.pod_ttl_after_finished, now) \
         if facts.pods else None
-    run_left = ttl.seconds_left(
-        since, ttl.run_ttl(facts.spec, config.run_ttl_after_finished), now)
+    # A trigger's run is kept at least its trigger's dedupe window (a redelivery finds it).
+    run_left = ttl.at_least(ttl.seconds_left(
+        since, ttl.run_ttl(facts.spec, config.run_ttl_after_finished), now),
+        ttl.dedupe_left(facts.run, facts.triggers, now))
     if pods_left is not None and pods_left <= 0:
         return DeletePods(facts.pods, 0 if run_left is not None else None)
     if run_left is not None and run_left <= 0:
@@ -882,6 +909,9 @@ def _follow(facts: RunFacts, now: datetime.datetime, config: OperatorConfig) -> 
             return Nothing(0)
         return Settle(_account(facts, outcome))
     status = facts.status
+    if queues.queue_status(pod, facts.workload, status, now) is not None:
+        found = queues.admission(pod, facts.workload)
+        return InQueue(found is not None and found.admitted)
     held: float | None = None
     if outcome is not None and outcome.phase == Phase.RUNNING:
         if facts.phase == Phase.PENDING:
@@ -1033,6 +1063,8 @@ def run_status(facts: RunFacts, step: Show, now: datetime.datetime
         events = (Event(Reason.AWAITING_APPROVAL, message),)
     elif isinstance(step, Finish):
         extra: dict[str, Any] = {"pendingApproval": None} if step.cancelled_wait else {}
+        if step.preempted:
+            extra["preemptedAttempts"] = list(step.preempted)
         changes = st.settled_status(step.phase, step.reason, step.message, step.tools, now,
                                     previous, attempts=facts.attempt, **extra,
                                     **_published(facts, step.tools))
@@ -1062,6 +1094,16 @@ def run_status(facts: RunFacts, step: Show, now: datetime.datetime
                    **_published(facts, step.tools)}
         events = (Event("ToolsExecutedKnown", say("ToolsExecutedKnown",
                                                   tools=", ".join(step.tools) or "none")),)
+    elif isinstance(step, InQueue):
+        assert facts.pod is not None
+        changes = queues.queue_status(facts.pod, facts.workload, previous, now) or {}
+        if step.admitted:
+            said = next((str(c.get("message") or "") for c in changes.get("conditions") or []
+                         if c.get("type") == Condition.ADMITTED), "")
+            events = (Event(Condition.ADMITTED, said),)
+        else:
+            events = (Event(Reason.QUEUED, str(changes.get("message") or "")),) \
+                if previous.get("reason") != Reason.QUEUED else ()
     else:
         changes, events = {"usage": dict(step.usage)}, ()
     whole = st.with_gitops_conditions({**previous, **changes}, facts.meta.get("generation"),
@@ -1094,6 +1136,7 @@ __all__ = [
     "FENCES",
     "FINALIZER",
     "UNKNOWN",
+    "InQueue",
     "RunFacts",
     "RunStep",
     "decide_run",

@@ -1,7 +1,8 @@
 """decide_run(): an AgentRun's next step, row by row, then the status that shows it.
 
 Hold api.md's run tables next to TABLE ("Failure reasons", the `retry` field, "Automatic
-resume", "Approval", "Cancel in place", "History beyond etcd" for the time to live, the
+resume", "Approval", "Cancel in place", "Queues" for Kueue's admission and preemption,
+"History beyond etcd" for the time to live, "Triggers" for a trigger's dedupe window, the
 finalizer of "Cancelled") and operator/agentrun_operator/run.py's own table: each row
 names the line it ticks. No cluster and no store: the facts are built here as a sync
 would read them.
@@ -27,6 +28,7 @@ from agentrun_operator.run import (
     Deny,
     Expire,
     Finish,
+    InQueue,
     Launch,
     Live,
     Nothing,
@@ -51,6 +53,7 @@ from agentrun.vocabulary import (
     ANNOTATION_CANCEL_NOTE,
     ApprovalDecision,
     Condition,
+    Kueue,
     Phase,
     Reason,
     RunStatus,
@@ -111,6 +114,60 @@ def pod(phase: str = "Running", attempt: int = 1, *, ours: bool = True,
         status["containerStatuses"] = [{"state": {"waiting": {"reason": waiting,
                                                                "message": "no such image"}}}]
     return {"metadata": meta, "spec": {"nodeName": node}, "status": status}
+
+
+def queued_pod(*, gated: bool = True, phase: str = "Pending") -> dict[str, Any]:
+    """Attempt 1's runner pod in LocalQueue team-a: Kueue's gate on it until admitted."""
+    held = pod(phase)
+    held["metadata"]["labels"] = {Kueue.LABEL_QUEUE_NAME: "team-a"}
+    if gated:
+        held["spec"] = {"nodeName": None, "schedulingGates": [{"name": Kueue.ADMISSION_GATE}]}
+    return held
+
+
+def workload(admitted: bool) -> dict[str, Any]:
+    """The Workload Kueue made for attempt 1's pod: quota not reserved, or admitted."""
+    said = [{"type": Kueue.QUOTA_RESERVED, "status": "False", "reason": "Pending",
+             "message": "insufficient unused quota for cpu in flavor default-flavor"}]
+    if admitted:
+        said = [{"type": Kueue.QUOTA_RESERVED, "status": "True", "reason": "QuotaReserved",
+                 "message": "Quota reserved"},
+                {"type": Kueue.ADMITTED, "status": "True", "reason": "Admitted",
+                 "message": "The workload is admitted"}]
+    return {"metadata": {"name": "pod-triage-42-1", "namespace": "support",
+                         "ownerReferences": [{"kind": "Pod", "name": "triage-42-1",
+                                              "uid": "pod-1"}]},
+            "status": {"conditions": said, "admission": {"clusterQueue": "team-a-cq"}}}
+
+
+def kueue_stopped(cause: str) -> dict[str, Any]:
+    """Attempt 1's pod as Kueue leaves it when it stops it: TerminationTarget, deleting."""
+    return pod("Running", deleting=True, conditions=(
+        {"type": Kueue.TERMINATION_TARGET, "status": "True", "reason": cause,
+         "message": "Preempted to accommodate a workload (UID: w-2) due to prioritization "
+                    "in the ClusterQueue"},))
+
+
+def shown(run_facts: RunFacts, now: datetime.datetime = T0) -> RunFacts:
+    """The facts of the next sync, once the step decided on `run_facts` was shown."""
+    step = decide_run(run_facts, now, CONFIG)
+    assert isinstance(step, Live | Wait | Finish | Tools | InQueue | Usage), step
+    status, _ = run_status(run_facts, step, now)
+    return replace(run_facts, run={**run_facts.run, "status": status})
+
+
+def triggered(run: dict[str, Any], *, owned: bool = True) -> dict[str, Any]:
+    """`run` as AgentRunTrigger `orders` made it (its label, and its controller)."""
+    meta = run["metadata"]
+    meta["labels"] = {"agentrun.dev/trigger": "orders"}
+    if owned:
+        meta["ownerReferences"] = [{"kind": "AgentRunTrigger", "name": "orders",
+                                    "uid": "trigger-1", "controller": True}]
+    return run
+
+
+ORDERS = {("support", "orders"): {"metadata": {"name": "orders", "uid": "trigger-1"},
+                                  "spec": {"dedupeWindowSeconds": 600}}}
 
 
 def disrupted(cause: str) -> dict[str, Any]:
@@ -229,6 +286,8 @@ def summary(step: RunStep) -> tuple[Any, ...]:
                     None if step.refused is None else step.refused.reason, step.stop_pod)
         case Tools():
             return ("Tools", list(step.tools))
+        case InQueue():
+            return ("InQueue", step.admitted)
         case Usage():
             return ("Usage",)
         case DeletePods():
@@ -406,6 +465,35 @@ TABLE = [
         facts(agent_run(Phase.RUNNING, Reason.STARTED, 2, retry=RETRY2),
               store=state(ended(RunStatus.FAILED, Reason.EVICTED, [], 2),
                           approvals=(call(attempt=1, decision=ApprovalDecision.APPROVE),))),
+        ("Live", Phase.PENDING, Reason.RETRYING, 3)),
+    Row("Preempted: Kueue evicted the pod's Workload (TerminationTarget, deleting)",
+        facts(LIVE, pod=kueue_stopped("WorkloadEvictedDueToPreempted"), node=NODE,
+              store=state(attempt_row(), published=False)),
+        ("Settle", Phase.FAILED, Reason.PREEMPTED, False),
+        says=("by Kueue, which evicted its Workload: WorkloadEvictedDueToPreempted",)),
+    Row("PodDeleted: Kueue stopped the pod for another reason",
+        facts(LIVE, pod=kueue_stopped("WorkloadDeleted"), node=NODE,
+              store=state(attempt_row(), published=False)),
+        ("Settle", Phase.FAILED, Reason.POD_DELETED, False), says=("by Kueue: WorkloadDeleted",)),
+    Row("preemption: toolsExecuted [] -> a new attempt whatever maxAttempts says, not counted",
+        facts(LIVE, store=state(ended(RunStatus.FAILED, Reason.PREEMPTED, []))),
+        ("Live", Phase.PENDING, Reason.RETRYING, 2),
+        says=("Attempt 1 failed (Preempted) before calling any tool; starting attempt 2.",
+              "Preempted happened",
+              "A preemption does not count against retry.maxAttempts.")),
+    Row("preemption: a tool called, spec.retry.resume -> Resuming, not counted",
+        facts(agent_run(retry={"resume": True}), journal=JOURNAL_DONE,
+              store=state(ended(RunStatus.FAILED, Reason.PREEMPTED, ["send_email"]))),
+        ("Live", Phase.PENDING, Reason.RESUMING, 2),
+        says=("attempt 2 resumes it.", "does not count against retry.maxAttempts")),
+    Row("preemption: a tool called, no resume -> Failed, Preempted, published whole",
+        facts(agent_run(retry={"maxAttempts": 5}),
+              store=state(ended(RunStatus.FAILED, Reason.PREEMPTED, ["send_email"]))),
+        ("Finish", Phase.FAILED, Reason.PREEMPTED, ["send_email"], None, False)),
+    Row("retry: an earlier preempted attempt does not count",
+        facts(agent_run(Phase.RUNNING, Reason.STARTED, 2, retry=RETRY2,
+                        status={"preemptedAttempts": [1]}),
+              store=state(ended(RunStatus.FAILED, Reason.EVICTED, [], 2))),
         ("Live", Phase.PENDING, Reason.RETRYING, 3)),
     Row("retry: a success is never retried",
         facts(agent_run(retry={"maxAttempts": 5}),
@@ -621,6 +709,25 @@ TABLE = [
               pod=pod("Pending", conditions=(UNSCHEDULABLE,)), node=None),
         ("Live", Phase.PENDING, Reason.POD_UNSCHEDULABLE, None),
         says=("cannot be scheduled: 0/1 nodes are available",)),
+    Row("Kueue holds the pod (its gate), quota not reserved: Pending, Queued",
+        facts(agent_run(Phase.PENDING, Reason.POD_CREATED), pod=queued_pod(),
+              workload=workload(False)),
+        ("InQueue", False)),
+    Row("Kueue holds the pod, no Workload yet: Pending, Queued",
+        facts(agent_run(Phase.PENDING, Reason.POD_CREATED), pod=queued_pod()),
+        ("InQueue", False)),
+    Row("queued and shown: nothing, and never Stale while Kueue holds it",
+        shown(facts(agent_run(Phase.PENDING, Reason.POD_CREATED), pod=queued_pod(),
+                    workload=workload(False))),
+        ("Nothing", 6 * 3600.0, False), now=at(7 * 3600)),
+    Row("Kueue admitted the pod: Admitted True",
+        facts(agent_run(Phase.PENDING, Reason.QUEUED), pod=queued_pod(gated=False),
+              workload=workload(True)),
+        ("InQueue", True)),
+    Row("admitted long after the start: the stale limit counts from the admission",
+        shown(facts(agent_run(Phase.RUNNING, Reason.STARTED), pod=queued_pod(
+            gated=False, phase="Running"), node=NODE, workload=workload(True)), at(3600)),
+        ("Nothing", 3600.0, False), now=at(6 * 3600)),
     Row("the pod runs, its usage changed, last shown 10 s ago: the usage",
         facts(LIVE, pod=pod(), node=NODE, usage_written_ago=10.0,
               store=state(attempt_row(), published=False, usage=store.Usage(3, 1, 10, 1))),
@@ -676,6 +783,21 @@ TABLE = [
                         status={"toolsExecuted": [], "finishedAt": STAMP})),
         ("Expire",), config=replace(CONFIG, run_ttl_after_finished=datetime.timedelta(
             seconds=30))),
+    Row("a trigger's run past its time to live, within the dedupe window: kept until then",
+        facts(triggered(agent_run(Phase.SUCCEEDED, Reason.SUCCEEDED, ttlSecondsAfterFinished=30,
+                                  status={"toolsExecuted": [], "finishedAt": STAMP})),
+              triggers=ORDERS),
+        ("Nothing", 540.0, False)),
+    Row("a trigger's run past its time to live and its dedupe window: expired",
+        facts(triggered(agent_run(Phase.SUCCEEDED, Reason.SUCCEEDED, ttlSecondsAfterFinished=30,
+                                  status={"toolsExecuted": [], "finishedAt": STAMP})),
+              triggers=ORDERS),
+        ("Expire",), now=at(600)),
+    Row("a run that only carries a trigger's label is not kept for it",
+        facts(triggered(agent_run(Phase.SUCCEEDED, Reason.SUCCEEDED, ttlSecondsAfterFinished=30,
+                                  status={"toolsExecuted": [], "finishedAt": STAMP}),
+                        owned=False), triggers=ORDERS),
+        ("Expire",)),
     Row("settled, nothing left: nothing",
         facts(agent_run(Phase.SUCCEEDED, Reason.SUCCEEDED,
                         status={"toolsExecuted": [], "finishedAt": STAMP})),
@@ -873,3 +995,49 @@ def test_a_status_that_would_not_change_is_not_written() -> None:
     shown, _ = run_status(waiting, step, T0)
     again = replace(waiting, run={**waiting.run, "status": shown})
     assert summary(decide_run(again, at(5), CONFIG))[0] == "Nothing"
+
+
+def test_preempted_attempts_are_listed_on_the_run() -> None:
+    """status.preemptedAttempts: the attempt that follows a preemption, and the end, list
+    every preempted attempt (none counts against retry.maxAttempts)."""
+    retried = facts(LIVE, store=state(ended(RunStatus.FAILED, Reason.PREEMPTED, [])))
+    step = decide_run(retried, T0, CONFIG)
+    assert isinstance(step, Live)
+    status, events = run_status(retried, step, T0)
+    assert (status["phase"], status["reason"], status["attempts"]) == (
+        Phase.PENDING, Reason.RETRYING, 2)
+    assert status["preemptedAttempts"] == [1]
+    assert [(e.reason, e.warning) for e in events] == [(Reason.RETRYING, True)]
+    again = facts(agent_run(Phase.RUNNING, Reason.STARTED, 2, status={
+        "preemptedAttempts": [1]}), store=state(ended(RunStatus.FAILED, Reason.PREEMPTED,
+                                                      ["send_email"], 2)))
+    end = decide_run(again, T0, CONFIG)
+    assert isinstance(end, Finish)
+    status, _ = run_status(again, end, T0)
+    assert (status["phase"], status["reason"]) == (Phase.FAILED, Reason.PREEMPTED)
+    assert status["preemptedAttempts"] == [1, 2]
+    assert status["toolsExecuted"] == ["send_email"]
+
+
+def test_a_queued_run_says_why_in_kueues_words_then_admitted() -> None:
+    """api.md "Queues": Pending, Queued and Admitted False with Kueue's message while the
+    pod is gated (one Queued Event); Admitted True once admitted (an Admitted Event), the
+    phase left to the pod's start."""
+    waiting = facts(agent_run(Phase.PENDING, Reason.POD_CREATED), pod=queued_pod(),
+                    workload=workload(False))
+    step = decide_run(waiting, T0, CONFIG)
+    assert isinstance(step, InQueue)
+    status, events = run_status(waiting, step, T0)
+    assert (status["phase"], status["reason"]) == (Phase.PENDING, Reason.QUEUED)
+    assert "insufficient unused quota for cpu" in status["message"]
+    assert conditions(status)[Condition.ADMITTED] == ("False", "Pending")
+    assert [e.reason for e in events] == [Reason.QUEUED]
+    admitted = replace(waiting, run={**waiting.run, "status": status},
+                       pod=queued_pod(gated=False), workload=workload(True))
+    step = decide_run(admitted, at(30), CONFIG)
+    assert isinstance(step, InQueue)
+    status, events = run_status(admitted, step, at(30))
+    assert (status["phase"], status["reason"]) == (Phase.PENDING, Reason.QUEUED)
+    assert conditions(status)[Condition.ADMITTED] == ("True", "Admitted")
+    assert [(e.reason, e.message) for e in events] == [(Condition.ADMITTED,
+                                                        "The workload is admitted")]
