@@ -142,7 +142,7 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
         loop.set_default_executor(ThreadPoolExecutor(API_THREADS, "kube"))
         metrics.serve(config.metrics_port)
         await migrate_when_reachable(config.database_url)
-        kube = Kube(pool=API_THREADS)
+        kube = Kube(pool=API_THREADS + events.EVENT_THREADS)
         events.configure(kube.api)
         running = config
         memo.store_api = memo.transcripts = None
