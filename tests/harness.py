@@ -172,9 +172,11 @@ class System:
 
         return asyncio.run(go())
 
-    def emails(self, run_name: str | None = None) -> list[Any]:
+    def emails(self, run_name: str | None = None, uid: str | None = None) -> list[Any]:
+        """The emails runs named `run_name` sent, in any namespace (the store is the
+        session's); only the run `uid`'s when given."""
         rows = self.store(lambda e: store.outbox(e, run_name))
-        return [r for r in rows if r.tool == "send_email"]
+        return [r for r in rows if r.tool == "send_email" and uid in (None, r.run_uid)]
 
     def wait_ledger(self, uid: str, tool: str, timeout: float = 60) -> None:
         """Until the run's ledger holds a call of `tool` (it was called, not answered)."""

@@ -548,7 +548,9 @@ def _days(request: web.Request) -> int:
 
 async def serve(console: Console, *, ready: Callable[[str], None]) -> None:
     """Serves until cancelled (Ctrl-C)."""
-    runner = web.AppRunner(console.app(), access_log=None)
+    # Ctrl-C stops a local page at once: a request still in flight after a second (a
+    # slow API server's answer, a followed transcript) is cut, not waited for a minute.
+    runner = web.AppRunner(console.app(), access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", console.port)
     await site.start()

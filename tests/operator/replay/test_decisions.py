@@ -143,7 +143,7 @@ def test_unknown_tools_are_refused(system: System, namespace: str) -> None:
 
 
 def test_tools_executed_are_refused_naming_them(system: System, namespace: str) -> None:
-    evicted_after_send_email(system, namespace, "mailed")
+    run = evicted_after_send_email(system, namespace, "mailed")
     create_replay(system, namespace, "mailed-again", "mailed")
     replay = wait_decided(system, namespace, "mailed-again")
     assert_refused(replay, ReplayReason.TOOLS_EXECUTED,
@@ -151,7 +151,8 @@ def test_tools_executed_are_refused_naming_them(system: System, namespace: str) 
                    "would call them again.", FORCE_HINT)
     assert replay["status"]["toolsExecuted"] == ["send_email"]
     assert replay_runs(system, namespace, "mailed") == []
-    assert len(system.emails("mailed")) == 1
+    # This run's emails: another test's namespace may hold a run of the same name.
+    assert len(system.emails("mailed", uid=run["metadata"]["uid"])) == 1
 
 
 def test_no_tools_is_approved_and_the_replay_runs_on_the_snapshot(
