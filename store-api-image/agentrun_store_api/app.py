@@ -18,9 +18,10 @@ from kubernetes import client
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import store
+from agentrun.attempt import AttemptIdentity
 from agentrun.vocabulary import STORE_AUDIENCE
 from agentrun_store_api import limits, metrics
-from agentrun_store_api.auth import Authority, Caller
+from agentrun_store_api.auth import Authority
 from agentrun_store_api.quotas import Quotas
 from agentrun_store_api.refusal import OverQuota, Refused
 from agentrun_store_api.routes import ROUTES, Route, Routes, too_large
@@ -28,7 +29,7 @@ from agentrun_store_api.tls import ServingCertificate
 
 log = logging.getLogger("agentrun.store_api")
 
-Handler = Callable[[web.Request, Caller], Awaitable[Any]]
+Handler = Callable[[web.Request, AttemptIdentity], Awaitable[Any]]
 
 
 @dataclass
@@ -69,7 +70,7 @@ class RefusalLog:
     def __init__(self) -> None:
         self._last: OrderedDict[tuple[str, str, int], tuple[float, int]] = OrderedDict()
 
-    def __call__(self, route: Route, refusal: Refused, caller: Caller | None) -> None:
+    def __call__(self, route: Route, refusal: Refused, caller: AttemptIdentity | None) -> None:
         key = (_run_of(caller), route.name, refusal.status)
         now = time.monotonic()
         last, unlogged = self._last.get(key, (0.0, 0))
@@ -93,7 +94,7 @@ def _serving(route: Route, authority: Authority, quotas: Quotas, readiness: Read
 
     async def serve(request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
-        caller: Caller | None = None
+        caller: AttemptIdentity | None = None
         try:
             declared = request.content_length
             if declared is not None and declared > limit:
@@ -162,7 +163,7 @@ async def _unread(request: web.Request, response: web.Response) -> None:
     response.force_close()
 
 
-def _refused(route: Route, refusal: Refused, caller: Caller | None,
+def _refused(route: Route, refusal: Refused, caller: AttemptIdentity | None,
              said: RefusalLog) -> web.Response:
     metrics.REFUSALS.labels(route.name, str(refusal.status)).inc()
     said(route, refusal, caller)
@@ -172,7 +173,7 @@ def _refused(route: Route, refusal: Refused, caller: Caller | None,
     return _answer(refusal.status, body)
 
 
-def _run_of(caller: Caller | None) -> str:
+def _run_of(caller: AttemptIdentity | None) -> str:
     return f"{caller.namespace}/{caller.run_name}" if caller else "-"
 
 
