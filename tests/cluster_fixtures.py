@@ -113,8 +113,8 @@ def store_url(postgres: Postgres) -> str:
 
 @pytest.fixture(scope="session")
 def transcript_endpoint(control_plane: ControlPlane) -> TranscriptEndpoint:
-    """Where the session operator serves the transcript API (this host's address: the API
-    server's EndpointSlice may not name a loopback one)."""
+    """Where the session's store API serves the transcript API (this host's address: the
+    API server's EndpointSlice may not name a loopback one)."""
     return TranscriptEndpoint(control_plane.host_address, free_port())
 
 
@@ -122,11 +122,12 @@ def transcript_endpoint(control_plane: ControlPlane) -> TranscriptEndpoint:
 def operator(crds: ControlPlane, dev_node: Child, store_url: str,
              transcript_endpoint: TranscriptEndpoint,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    """The session operator; it also serves the transcript API, registered with the API
-    server (APIService v1alpha1.store.agentrun.dev) while it lives."""
+    """The session operator, and beside it the session's store API, its own process (as
+    `make run` and the chart run them), which also serves the transcript API, registered
+    with the API server (APIService v1alpha1.store.agentrun.dev) while it lives."""
     process = Operator(crds, store_url, tmp_path_factory.mktemp("operator"),
-                       (*SESSION_OPERATOR_ARGS,
-                        f"--transcript-api-listen={transcript_endpoint.listen}")).start()
+                       SESSION_OPERATOR_ARGS,
+                       transcript_listen=transcript_endpoint.listen).start()
     transcript_api.register(crds, transcript_endpoint)
     try:
         yield process

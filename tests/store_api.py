@@ -44,18 +44,21 @@ _names = itertools.count(1)
 
 
 class StoreAPIProcess:
-    """`agentrun-store-api` on a free loopback port, for one store."""
+    """`agentrun-store-api` on loopback (a free port unless `listen` names one), for one
+    store; with `transcript_listen`, the transcript API too."""
 
     def __init__(self, plane: ControlPlane, database_url: str, log_path: Path, *,
-                 metrics_port: int = 0) -> None:
+                 metrics_port: int = 0, listen: str = "127.0.0.1:0",
+                 transcript_listen: str = "") -> None:
         tls = plane.store_api_tls
         assert tls is not None
         TRUST.load_verify_locations(cafile=str(tls.ca))
         self.child = Child(
             "store-api",
-            [str(Path(sys.executable).parent / "agentrun-store-api"), "--listen",
-             "127.0.0.1:0", "--database-url", database_url, "--tls-cert-file", str(tls.cert),
-             "--tls-private-key-file", str(tls.key), f"--metrics-port={metrics_port}"],
+            [str(Path(sys.executable).parent / "agentrun-store-api"), "--listen", listen,
+             "--database-url", database_url, "--tls-cert-file", str(tls.cert),
+             "--tls-private-key-file", str(tls.key), f"--metrics-port={metrics_port}",
+             f"--transcript-listen={transcript_listen}"],
             log_path, env={**os.environ, "KUBECONFIG": str(plane.operator_kubeconfig)})
         self.log_path, self.metrics_port = log_path, metrics_port
         self.url = ""

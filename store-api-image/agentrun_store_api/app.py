@@ -1,5 +1,5 @@
 """The store API as an aiohttp application, and `serve()`: what `agentrun-store-api`
-runs, and what the operator runs in its own process on the development cluster."""
+runs."""
 
 from __future__ import annotations
 
@@ -41,8 +41,11 @@ class Readiness:
     why: str = ""
 
     async def wait_for_schema(self, engine: AsyncEngine, interval: float = 2.0) -> None:
-        """Not ready until the operator has migrated the store (it alone migrates)."""
+        """Not ready until the operator has migrated the store (it alone migrates). Looked
+        at again soon at first (an operator started beside it migrates within a second or
+        two), then every `interval`."""
         self.ready = False
+        delay = interval / 8
         while True:
             try:
                 await store.check_schema(engine)
@@ -55,7 +58,8 @@ class Readiness:
             except Exception as e:
                 self.why = "the run store cannot be reached by the store API yet"
                 log.warning("event=store-not-ready error=%r", e)
-            await asyncio.sleep(interval)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, interval)
 
 
 def _answer(status: int, body: Any) -> web.Response:

@@ -1,5 +1,5 @@
 """The transcript through the Kubernetes API server: the aggregated API store.agentrun.dev,
-served by the session operator's in-process store API and registered with the real
+served by the session's store API (beside the session operator) and registered with the real
 kube-apiserver (APIService v1alpha1.store.agentrun.dev, front-proxy flags as kubeadm sets
 them). Users are real users of the control plane's CA with their own kubeconfigs, bound to
 agentrun-view in their own namespace; runs are real runners of the scripted model."""
