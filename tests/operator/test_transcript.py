@@ -468,8 +468,9 @@ def test_only_the_api_servers_front_proxy_is_served(
         code, said = _direct(transcripts, transcript_endpoint, openapi, (front.cert, front.key),
                              as_alice)
         assert (code, said["reason"]) == (404, "NotFound"), said
-    assert transcripts.operator.child is not None
-    log = transcripts.operator.child.log_path.read_text(errors="replace")
+    # The transcript API's log is the store API's (the session's, beside its operator).
+    assert transcripts.operator.store_api is not None
+    log = transcripts.operator.store_api.log_path.read_text(errors="replace")
     assert "event=transcript-refused path=/openapi/" not in log
     assert f"event=transcript-refused path={path} code=403" in log
 
