@@ -13,6 +13,7 @@ KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(LOCAL)/bin/kubectl)
 HELM ?= $(shell command -v helm 2>/dev/null || echo $(LOCAL)/bin/helm)
 IMG_OPERATOR ?= agentrun/operator:dev
 IMG_STORE_API ?= agentrun/store-api:dev
+IMG_RECEIVER ?= agentrun/receiver:dev
 IMG_RUNNER ?= agentrun/runner:dev
 IMG_POSTGRES ?= agentrun/postgres:dev
 
@@ -37,7 +38,23 @@ lock: ## re-resolve pyproject.toml's ranges in a fresh environment into requirem
 	rm -rf $(LOCAL)/lock-venv
 
 .PHONY: venv
-venv: $(VENV)/.installed ## the Python environment in .venv/
+venv: $(VENV)/.installed console ## the Python environment in .venv/ (with the console's pages)
+
+# The console's pages (kubectl-plugin/console, Vite + Preact + TypeScript) built into the
+# plugin's package (kubectl-plugin/agentrun_kubectl/console/static, not committed); cached in
+# $${AGENTRUN_CACHE:-~/.cache/agentrun}/console by the lock file and the sources. Needs Node.js
+# >= 20.19 and npm.
+.PHONY: console
+console: ## build (or find cached) the console's pages into the kubectl plugin's package
+	bash devtools/console/build.sh
+
+# The screenshots in docs/console.md, taken by the console's browser tests (tests/kubectl/
+# test_console_browser.py) at 1280x800; CI writes them to an output folder, never to docs/.
+# Look at them before you commit them.
+.PHONY: console-screenshots
+console-screenshots: venv controlplane ## refresh docs/console/*.png from the console's browser tests
+	AGENTRUN_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(VENV)/bin/pytest \
+		tests/kubectl/test_console_browser.py -p no:cacheprovider -q $(PYTEST_ARGS)
 
 .PHONY: controlplane
 controlplane: ## build (or find cached) etcd, kube-apiserver, ..., kubectl, helm
@@ -49,6 +66,17 @@ controlplane: ## build (or find cached) etcd, kube-apiserver, ..., kubectl, helm
 .PHONY: peers
 peers: ## build (or find cached) argocd-health, kstatus and kubelet-expansion, small commands over Argo CD's, cli-utils' and the kubelet's own code
 	bash devtools/peers/build.sh
+
+# Kueue's controller manager, from its Go module (devtools/kueue/build.sh, cached).
+.PHONY: kueue-build
+kueue-build: ## build (or find cached) Kueue's controller manager and its manifests
+	bash devtools/kueue/build.sh
+
+# Kueue on the running development cluster, left running (docs/kueue.md); make
+# dev-cluster-down stops it.
+.PHONY: kueue
+kueue: venv ## install Kueue (pod integration, for pods labelled kueue.x-k8s.io/queue-name) on the development cluster
+	$(PY) -m agentrun_devtools.kueue up --state $(LOCAL)
 
 .PHONY: lint
 lint: venv ## ruff and mypy
@@ -63,9 +91,10 @@ lint: venv ## ruff and mypy
 PYTEST_WORKERS ?= 2
 PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-# What the tests need built before they start. .ci/run builds the peers in the background
-# instead (TEST_BUILDS=controlplane): the tests that run them wait for that build's lock.
-TEST_BUILDS ?= controlplane peers
+# What the tests need built before they start. .ci/run builds the peers and Kueue in the
+# background instead (TEST_BUILDS=controlplane): the tests that run them wait for that
+# build's lock.
+TEST_BUILDS ?= controlplane peers kueue-build
 
 .PHONY: test
 test: venv $(TEST_BUILDS) ## unit + integration tests (real control plane, real Postgres, Argo CD and kstatus as their own code)
@@ -89,7 +118,7 @@ install: ## install the CRDs and the admission policy into the current kube cont
 	$(KUBECTL) apply --server-side --force-conflicts -f crds/
 	$(KUBECTL) wait --for=condition=Established --timeout=60s crd/agentruns.agentrun.dev \
 		crd/agentrunreplays.agentrun.dev crd/agentrunapprovals.agentrun.dev \
-		crd/agentrunschedules.agentrun.dev
+		crd/agentrunschedules.agentrun.dev crd/agentruntriggers.agentrun.dev
 
 # The chart's copies of crds/ (CRDs, admission policies, ClusterRoles) and the Argo CD
 # argocd-cm patch are generated; tests/chart/test_chart_sources.py fails when they drift.
@@ -101,11 +130,12 @@ chart-crds: venv ## regenerate the chart's copies of crds/ and charts/agentrun/a
 uninstall: ## remove the CRDs and the admission policy from the current kube context
 	$(KUBECTL) delete --ignore-not-found -f crds/
 
-# `make run`: the operator and the store API (`agentrun-store-api`, the program the chart runs
-# as its own Deployment), each its own process, in the foreground, against the current kube
-# context. Ctrl-C stops both, and so does the end of either (agentrun_devtools.supervise).
+# `make run`: the operator, the store API (`agentrun-store-api`, the program the chart runs
+# as its own Deployment) and the trigger receiver (`agentrun-receiver`), each its own
+# process, in the foreground, against the current kube context. Ctrl-C stops them all, and
+# so does the end of any one (agentrun_devtools.supervise).
 #
-# On the development cluster both use .local/operator.kubeconfig, also when the admin's
+# On the development cluster the operator and the store API use .local/operator.kubeconfig, also when the admin's
 # .local/kubeconfig is exported (as the README does): that identity is in the group
 # agentrun:operators, which the admission policy lets set spec.replayOf. As the admin, every
 # replay run the operator creates is refused.
@@ -131,16 +161,30 @@ RUN_STORE_API_METRICS_PORT ?= 0
 # The transcript API, where make dev-cluster registered it (its APIService's endpoint).
 RUN_TRANSCRIPT_API_LISTEN ?= $(shell cat $(RUN_STORE_API_TLS)/transcript-api-listen 2>/dev/null)
 
+# The trigger receiver, beside the operator as its own process: on this host's loopback
+# (AgentRunTriggers' status.url is https://$(RUN_RECEIVER_LISTEN)/v1/triggers/<ns>/<name>),
+# with the pair and the credential make dev-cluster wrote to .local/receiver/ and
+# .local/receiver.kubeconfig (elsewhere: KUBECONFIG, and the pair the environment names).
+RUN_RECEIVER_LISTEN ?= 127.0.0.1:8090
+RUN_RECEIVER_TLS ?= $(LOCAL)/receiver
+RUN_RECEIVER_KUBECONFIG ?= $(if $(filter $(DEV_KUBECONFIG),$(abspath $(KUBECONFIG))),$(LOCAL)/receiver.kubeconfig,$(or $(KUBECONFIG),$(wildcard $(LOCAL)/receiver.kubeconfig)))
+
 # `make run`'s programs, one a line: 'NAME: COMMAND'. What they share comes from the
-# environment the recipe sets (the kubeconfig, the store, the store API's certificate).
+# environment the recipe sets (the kubeconfig, the store, the certificates); the receiver
+# has its own credential (`env` sets it: the lines run with no shell).
 RUN_PROGRAMS = \
 	'operator: $(VENV)/bin/agentrun-operator --store-api-url=$(RUN_STORE_API_URL) $(RUN_ARGS)' \
-	'store-api: $(VENV)/bin/agentrun-store-api --listen=$(RUN_STORE_API_LISTEN) --metrics-port=$(RUN_STORE_API_METRICS_PORT)'
+	'store-api: $(VENV)/bin/agentrun-store-api --listen=$(RUN_STORE_API_LISTEN) --metrics-port=$(RUN_STORE_API_METRICS_PORT)' \
+	'receiver: env KUBECONFIG=$(RUN_RECEIVER_KUBECONFIG) $(VENV)/bin/agentrun-receiver --listen=$(RUN_RECEIVER_LISTEN)'
 
 .PHONY: run
-run: venv ## run the operator and the store API in the foreground against the current kube context
-	@echo "agentrun-operator and agentrun-store-api with KUBECONFIG=$(or $(RUN_KUBECONFIG),~/.kube/config)"
-	KUBECONFIG=$(RUN_KUBECONFIG) DATABASE_URL=$(RUN_DATABASE_URL) \
+run: venv ## run the operator, the store API and the trigger receiver in the foreground against the current kube context
+	@echo "agentrun-operator, agentrun-store-api and agentrun-receiver with KUBECONFIG=$(or $(RUN_KUBECONFIG),~/.kube/config)"
+	@echo "agentrun-receiver on https://$(RUN_RECEIVER_LISTEN) (CA: $(RUN_RECEIVER_TLS)/ca.crt)"
+	AGENTRUN_RECEIVER_URL=$${AGENTRUN_RECEIVER_URL:-https://$(RUN_RECEIVER_LISTEN)} \
+		AGENTRUN_RECEIVER_TLS_CERT_FILE=$${AGENTRUN_RECEIVER_TLS_CERT_FILE:-$(RUN_RECEIVER_TLS)/tls.crt} \
+		AGENTRUN_RECEIVER_TLS_KEY_FILE=$${AGENTRUN_RECEIVER_TLS_KEY_FILE:-$(RUN_RECEIVER_TLS)/tls.key} \
+		KUBECONFIG=$(RUN_KUBECONFIG) DATABASE_URL=$(RUN_DATABASE_URL) \
 		AGENTRUN_STORE_API_TLS_CERT_FILE=$${AGENTRUN_STORE_API_TLS_CERT_FILE:-$(RUN_STORE_API_TLS)/tls.crt} \
 		AGENTRUN_STORE_API_TLS_KEY_FILE=$${AGENTRUN_STORE_API_TLS_KEY_FILE:-$(RUN_STORE_API_TLS)/tls.key} \
 		AGENTRUN_STORE_API_CA_FILE=$${AGENTRUN_STORE_API_CA_FILE:-$(RUN_STORE_API_TLS)/ca.crt} \
@@ -151,7 +195,7 @@ run: venv ## run the operator and the store API in the foreground against the cu
 deploy: ## Helm install into the current kube context (namespace agentrun-system)
 	$(HELM) upgrade --install agentrun charts/agentrun --namespace agentrun-system \
 		--create-namespace --set operator.image=$(IMG_OPERATOR) --set storeApi.image=$(IMG_STORE_API) \
-		--set runner.image=$(IMG_RUNNER) \
+		--set receiver.image=$(IMG_RECEIVER) --set runner.image=$(IMG_RUNNER) \
 		$(HELM_ARGS)
 
 .PHONY: undeploy
@@ -159,17 +203,18 @@ undeploy: ## Helm uninstall
 	$(HELM) uninstall agentrun --namespace agentrun-system
 
 .PHONY: docker-build
-docker-build: ## build the operator, store API and runner images (needs a Docker engine)
+docker-build: ## build the operator, store API, receiver and runner images (needs a Docker engine)
 	@docker info >/dev/null 2>&1 || { echo "docker-build: no Docker engine here; nothing built"; exit 1; }
 	docker build -t $(IMG_OPERATOR) -f Dockerfile .
 	docker build -t $(IMG_STORE_API) -f store-api-image/Dockerfile .
+	docker build -t $(IMG_RECEIVER) -f receiver-image/Dockerfile .
 	docker build -t $(IMG_RUNNER) -f runner-image/Dockerfile .
 
 .PHONY: images
 # Standard library only: no .venv needed. Archives in $${AGENTRUN_CACHE:-~/.cache/agentrun}/images/archives.
-images: ## build the operator, store API, runner and trial-Postgres images as OCI archives (no Docker engine, no registry)
+images: ## build the operator, store API, receiver, runner and trial-Postgres images as OCI archives (no Docker engine, no registry)
 	$(PYTHON) -m agentrun_devtools.images --operator $(IMG_OPERATOR) --store-api $(IMG_STORE_API) \
-		--runner $(IMG_RUNNER) --postgres $(IMG_POSTGRES)
+		--receiver $(IMG_RECEIVER) --runner $(IMG_RUNNER) --postgres $(IMG_POSTGRES)
 
 # Needs root (containerd, kubelet, the pod network); fails, never skips, where it cannot run.
 .PHONY: test-e2e
@@ -188,9 +233,11 @@ comma := ,
 BENCH_OUT := $(if $(BENCH_QUICK),--out -)
 
 .PHONY: bench
-bench: venv controlplane ## benchmarks: ledger cost; a tenant's ledger writes while another floods the store API; eviction latency idle and under load, throughput beside the Job controller; the operator at rest at scale; resume; status writes of live usage and approval latency; schedules; the transcript API's latency
+bench: venv controlplane ## benchmarks: ledger cost; a tenant's ledger writes while another floods the store API, and while one viewer opens 200 transcript follows; ledger writes during a retention purge of 100,000 records; eviction latency idle and under load, throughput beside the Job controller; the operator at rest at scale; resume; status writes of live usage and approval latency; schedules; the transcript API's latency
 	$(PY) bench/ledger.py $(BENCH_OUT)
 	$(PY) bench/store_flood.py $(BENCH_OUT)
+	$(PY) bench/follow_flood.py $(if $(BENCH_QUICK),--seconds 50 --writes 300,) $(BENCH_OUT)
+	$(PY) bench/purge.py $(if $(BENCH_QUICK),--records 10000 --writes 300,) $(BENCH_OUT)
 	$(PY) bench/eviction.py --trials $(BENCH_TRIALS) $(BENCH_OUT)
 	$(PY) bench/eviction.py --trials $(BENCH_TRIALS) --background $(BENCH_BACKGROUND) $(BENCH_OUT)
 	$(PY) bench/throughput.py --n $(BENCH_N) $(BENCH_OUT)

@@ -21,6 +21,8 @@ APPROVAL_KIND: Final = "AgentRunApproval"
 APPROVAL_PLURAL: Final = "agentrunapprovals"
 SCHEDULE_KIND: Final = "AgentRunSchedule"
 SCHEDULE_PLURAL: Final = "agentrunschedules"
+TRIGGER_KIND: Final = "AgentRunTrigger"
+TRIGGER_PLURAL: Final = "agentruntriggers"
 
 # The transcript of a run: an aggregated API served by the store API (an APIService, as
 # metrics-server serves metrics.k8s.io), read through the Kubernetes API server.
@@ -135,6 +137,8 @@ class Reason:
     RESUMING: Final = "Resuming"
     # Pending, and saying why (when the operator cannot act, or the pod cannot start).
     POD_CREATE_FAILED: Final = "PodCreateFailed"
+    # The attempt's pod waits for Kueue's admission (its scheduling gate), in a queue.
+    QUEUED: Final = "Queued"
     POD_WAITING: Final = "PodWaiting"
     POD_UNSCHEDULABLE: Final = "Unschedulable"
     INPUT_FORBIDDEN: Final = "InputForbidden"
@@ -214,6 +218,50 @@ class ScheduleReason:
     RUN_CREATION_FAILED: Final = "RunCreationFailed"
 
 
+class TriggerReason:
+    """Reasons of an AgentRunTrigger's conditions (Ready, Stalled)."""
+
+    # Ready: deliveries to status.url start runs.
+    LISTENING: Final = "Listening"
+    # Ready: spec.suspend; deliveries are answered 503, so that their senders deliver again.
+    SUSPENDED: Final = "Suspended"
+    # Stalled: the Secret (or its key) that spec.auth names is not there; deliveries are
+    # answered 503 until it is.
+    SECRET_NOT_FOUND: Final = "SecretNotFound"
+    # Stalled: spec.auth or spec.identity cannot be read (admission refuses such a trigger;
+    # this says so where the admission policies are not installed).
+    INVALID: Final = "InvalidTrigger"
+
+
+class TriggerIdentity:
+    """`spec.identity` of an AgentRunTrigger: what makes two deliveries one event."""
+
+    # The string form: the CloudEvent's source and id (binary or structured mode).
+    CLOUDEVENTS: Final = "cloudevents"
+    # The object forms: a request header's value, or a JSON pointer into the body.
+    HEADER: Final = "header"
+    JSON_POINTER: Final = "jsonPointer"
+
+
+class TriggerResult:
+    """How the receiver answered a delivery: the `result` label of
+    agentrun_trigger_events_total, one per status it answers with."""
+
+    CREATED: Final = "created"  # 201: the event's run was created
+    DUPLICATE: Final = "duplicate"  # 200: the event's run already exists
+    UNAUTHORIZED: Final = "unauthorized"  # 401: no or a wrong signature or token
+    TOO_LARGE: Final = "too_large"  # 413: over spec.maxBodyBytes
+    MALFORMED: Final = "malformed"  # 400: not an event the trigger can read
+    RATE_LIMITED: Final = "rate_limited"  # 429: over spec.maxRunsPerMinute
+    # 503: suspended, its Secret missing, or the API server cannot be reached.
+    UNAVAILABLE: Final = "unavailable"
+    # 409: a run (or event ConfigMap) of the event's name exists and is not this event's.
+    CONFLICT: Final = "conflict"
+
+    ALL: Final = (CREATED, DUPLICATE, UNAUTHORIZED, TOO_LARGE, MALFORMED, RATE_LIMITED,
+                  UNAVAILABLE, CONFLICT)
+
+
 class Condition:
     """Condition types and the reasons of the ToolsExecuted condition."""
 
@@ -227,6 +275,9 @@ class Condition:
     READY: Final = "Ready"
     RECONCILING: Final = "Reconciling"
     STALLED: Final = "Stalled"
+    # Kueue: False (reason Queued, Kueue's own message) while the attempt's pod waits for
+    # quota; True once admitted.
+    ADMITTED: Final = "Admitted"
 
     TOOL_CALLS_RECORDED: Final = "ToolCallsRecorded"
     NO_TOOL_CALLS: Final = "NoToolCalls"
@@ -288,8 +339,10 @@ class Trigger:
     CHAT: Final = "chat"
     WORKFLOW: Final = "workflow"
     WEBHOOK: Final = "webhook"
+    # An AgentRunTrigger's run: the trigger receiver made it for one incoming event.
+    EVENT: Final = "event"
 
-    ALL: Final = (MANUAL, SCHEDULE, CHAT, WORKFLOW, WEBHOOK)
+    ALL: Final = (MANUAL, SCHEDULE, CHAT, WORKFLOW, WEBHOOK, EVENT)
 
 
 # Labels and annotations.
@@ -298,6 +351,14 @@ LABEL_ATTEMPT: Final = f"{GROUP}/attempt"
 LABEL_REPLAY_OF: Final = f"{GROUP}/replay-of"
 # On a schedule's run: the AgentRunSchedule that started it.
 LABEL_SCHEDULE: Final = f"{GROUP}/schedule"
+# On a trigger's run (and its event ConfigMap): the AgentRunTrigger whose receiver made it.
+LABEL_TRIGGER: Final = f"{GROUP}/trigger"
+# On a trigger's run (and its event ConfigMap): the event's identity as the trigger reads
+# it (spec.identity), which names the run; an annotation, since an event id is not a valid
+# label value.
+ANNOTATION_EVENT_ID: Final = f"{GROUP}/event-id"
+# A trigger's run's input file, the event (the ConfigMap <run>-event holds it).
+EVENT_FILE: Final = "event.json"
 # Cancel in place: "true" stops a live run and keeps it (Cancelled, CancelRequested); the
 # note, if any, goes into the run's message.
 ANNOTATION_CANCEL: Final = f"{GROUP}/cancel"
@@ -311,17 +372,55 @@ ANNOTATION_REQUESTED_BY: Final = f"{GROUP}/requested-by"
 ANNOTATION_REQUESTED_BY_GROUPS: Final = f"{GROUP}/requested-by-groups"
 # Who created an AgentRun, as the API server knew them: written at admission by the policy
 # agentrun-run-creator; on the runs the operator creates, by the operator (a schedule's run:
-# ANNOTATION_TEMPLATE_BY of its schedule; a replay run: its replay's requester). Immutable.
+# ANNOTATION_TEMPLATE_BY of its schedule; a replay run: its replay's requester), and on a
+# trigger's runs by the trigger receiver (ANNOTATION_TEMPLATE_BY of its trigger). Immutable.
 # That user may not approve the run's calls (ApprovalReason.SELF_APPROVAL).
 ANNOTATION_CREATED_BY: Final = f"{GROUP}/created-by"
-# On an AgentRunSchedule: who last wrote its spec.runTemplate, written at admission by the
-# same policy; its runs are created by that user's leave, so they carry that user.
+# On an AgentRunSchedule or AgentRunTrigger: who last wrote its spec.runTemplate, written at
+# admission by the same policy; its runs are created by that user's leave, so they carry
+# that user.
 ANNOTATION_TEMPLATE_BY: Final = f"{GROUP}/template-by"
 # The RBAC verb on agentrunreplays that allows setting ANNOTATION_FORCE_REPLAY.
 VERB_FORCE: Final = "force"
 FORCER_CLUSTER_ROLE: Final = "agentrun-replay-forcer"
 # Who may create AgentRunApprovals (agentrun-edit may not).
 APPROVER_CLUSTER_ROLE: Final = "agentrun-approver"
+
+# The trigger receiver: where it serves deliveries (/v1/triggers/<namespace>/<name>), and
+# who it is to the admission policies, as the operator is: its ServiceAccount in a cluster,
+# the group below for one run outside (`make run`).
+RECEIVER_PATH: Final = "/v1/triggers"
+RECEIVER_GROUP: Final = "agentrun:receivers"
+RECEIVER_SERVICE_ACCOUNT: Final = "agentrun-receiver"
+
+class Kueue:
+    """Kueue's words that agentrun reads or writes (its pod integration's contract)."""
+
+    GROUP: Final = "kueue.x-k8s.io"
+    # The Workload of a gated pod: its QuotaReserved condition says why it waits.
+    WORKLOAD_PLURAL: Final = "workloads"
+    WORKLOAD_CRD: Final = "workloads.kueue.x-k8s.io"
+    # The versions of Workloads read, newest first (the first the cluster serves is used).
+    WORKLOAD_VERSIONS: Final = ("v1beta2", "v1beta1")
+    # On an AgentRun, copied to each of its runner pods: Kueue admits the pod against
+    # the LocalQueue's ClusterQueue, at the WorkloadPriorityClass's priority.
+    LABEL_QUEUE_NAME: Final = "kueue.x-k8s.io/queue-name"
+    LABEL_PRIORITY_CLASS: Final = "kueue.x-k8s.io/priority-class"
+    # The scheduling gate Kueue's pod webhook puts on a pod until it is admitted.
+    ADMISSION_GATE: Final = "kueue.x-k8s.io/admission"
+    # The finalizer Kueue's pod webhook puts on a pod; Kueue removes it once it has seen
+    # the pod end (while Kueue is down, a deleted pod stays Terminating).
+    POD_FINALIZER: Final = "kueue.x-k8s.io/managed"
+    # The pod condition Kueue sets before it deletes a pod it stops, and the prefix of the
+    # reasons of its evictions (WorkloadEvictedDueToPreempted, ...DueToPodsReadyTimeout,
+    # ...DueToClusterQueueStopped, ...DueToDeactivated).
+    TERMINATION_TARGET: Final = "TerminationTarget"
+    EVICTED_REASON_PREFIX: Final = "WorkloadEvicted"
+    # Workload conditions.
+    QUOTA_RESERVED: Final = "QuotaReserved"
+    ADMITTED: Final = "Admitted"
+    LABELS: Final = (LABEL_QUEUE_NAME, LABEL_PRIORITY_CLASS)
+
 
 # Development node simulation (development tooling only; never acted on in production).
 ANNOTATION_SIMULATE: Final = "dev.agentrun.dev/simulate"
@@ -383,6 +482,9 @@ class RunnerEnv:
     # The digest of the Agent snapshot the run pinned at launch (empty: an image agent);
     # the runner asks the store API for that snapshot, by the run its token speaks for.
     AGENT_DIGEST: Final = "AGENTRUN_AGENT_DIGEST"
+    # The chart's toolPolicy (JSON, as spec.tools): the most trusted word on what a tool
+    # does and whether it waits for an approval (agentrun.policy).
+    TOOL_POLICY: Final = "AGENTRUN_TOOL_POLICY"
 
 
 # Where the operator puts, through valueFrom (the kubelet resolves it), the value of each

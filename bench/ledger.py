@@ -8,7 +8,7 @@ Starts its own throwaway Postgres (fsync=off, as the test server), a real contro
 with agentrun's CRDs, a namespace, and a real `agentrun-store-api` process for the store;
 runner identities are real: an AgentRun, its attempt's pod (never scheduled) and a token
 bound to that pod by TokenRequest, exactly what the store API verifies in a cluster
-(tests/store_api.py). Then:
+(tests/runner_world.py). Then:
 
 1. the ledger write of one tool call (open_call + close_call), `--writes` calls after
    `--warmup`, interleaved call by call: straight to Postgres (store.open_call/close_call
@@ -88,9 +88,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine  # noqa: E402
 from agentrun import store  # noqa: E402
 from agentrun.vocabulary import STORE_AUDIENCE  # noqa: E402
 from tests.cluster_fixtures import apply_crds  # noqa: E402
-from tests.store_api import Identity, RunnerWorld  # noqa: E402
+from tests.runner_world import Identity, RunnerWorld  # noqa: E402
 
-NAMESPACE = "bench-ledger"
+NAMESPACE = "solo-bench-ledger"
 AGENT = "bench-agent"
 USER = "bench"
 DIGEST = store.args_digest({"to": "x@example.com", "body": "hello"})

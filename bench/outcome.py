@@ -10,8 +10,9 @@ operator (the way the tests do). Two measurements:
   STEP seconds for about LIFE seconds (each call reports its usage), beside RUNS runs of a
   script that answers at once (no live usage to write: the writes a run costs anyway). A
   watch opened before the runs counts every change of each run's status (resourceVersion)
-  and which of them changed nothing but status.usage. Goal: usage adds at most one write
-  per 5 s of a run's life.
+  and which of them changed nothing but status.usage, the same way for both kinds, until
+  it has seen each run's latest resourceVersion. Goal: usage adds at most one write per
+  5 s of a run's life.
 - **Approval -> approved call started.** APPROVALS runs whose one call needs an approval,
   each approved as soon as it waits (an AgentRunApproval, as `kubectl agentrun approve`
   creates it): from the approval's creation until the call's ledger row in the resumed
@@ -29,7 +30,6 @@ import os
 import sys
 import tempfile
 import threading
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,7 @@ class Writes:
         self.total: dict[str, int] = defaultdict(int)
         self.usage_only: dict[str, int] = defaultdict(int)
         self.last: dict[str, dict[str, Any]] = {}
+        self.seen: dict[str, str] = {}  # each run's resourceVersion last seen
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -82,8 +83,11 @@ class Writes:
     def _run(self) -> None:
         w = watch.Watch()
         while not self.stop.is_set():
+            # Each stream goes on from where the last one ended: a change between two
+            # streams is seen as itself, not folded into the next one's listing.
+            since = {"resource_version": w.resource_version} if w.resource_version else {}
             for event in w.stream(self.api.list_namespaced_custom_object, GROUP, VERSION,
-                                  NAMESPACE, RUN_PLURAL, timeout_seconds=5):
+                                  NAMESPACE, RUN_PLURAL, timeout_seconds=5, **since):
                 obj = event["object"]
                 name = obj["metadata"]["name"]
                 status = obj.get("status") or {}
@@ -97,8 +101,15 @@ class Writes:
                             status.get("usage") != before.get("usage"):
                         self.usage_only[name] += 1
                 self.last[name] = status
+                self.seen[name] = obj["metadata"]["resourceVersion"]
                 if self.stop.is_set():
                     return
+
+    def caught_up(self, names: list[str]) -> bool:
+        """Whether the watch has seen each run as the API server has it now."""
+        return all(self.seen.get(name) == self.api.get_namespaced_custom_object(
+            GROUP, VERSION, NAMESPACE, RUN_PLURAL, name)["metadata"]["resourceVersion"]
+            for name in names)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
                 started = datetime.datetime.fromisoformat(run["startedAt"].replace("Z", "+00:00"))
                 ended = datetime.datetime.fromisoformat(run["finishedAt"].replace("Z", "+00:00"))
                 lives[f"{kind}-{i}"] = (ended - started).total_seconds()
-        time.sleep(2)
+        # Every write of these runs counted: the watch is at each run's resourceVersion.
+        wait_for(lambda: writes.caught_up(list(lives)), timeout=60,
+                 what="the watch at every run's last write", interval=0.2)
         writes.stop.set()
 
         waits: list[float] = []

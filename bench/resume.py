@@ -113,9 +113,11 @@ def main(argv: list[str] | None = None) -> int:
             fresh = f"restarted-{i}"
             system.apply(in_namespace(agent_run(fresh, script()), NAMESPACE))
             began = time.monotonic()  # as `evicted`: once the kubectl process returned
-            while status(fresh).get("phase") not in ("Succeeded", "Failed"):
+            while (s := status(fresh)).get("phase") not in ("Succeeded", "Failed"):
                 time.sleep(0.01)
             restart.append(time.monotonic() - began)
+            # Timed to the same end as the resumed run's: Succeeded, never a failure.
+            assert s["phase"] == "Succeeded", s
         # What the line below says: the resumed attempt repeated no tool.
         effects = Counter((r.run_name, r.tool) for r in system.store(lambda e: store.outbox(e))
                           if r.run_name and r.run_name.startswith("resumed-")

@@ -8,7 +8,7 @@ tenants' requests keep their latency")?
 Starts its own throwaway Postgres (fsync=off, as the test server), a real control plane
 with agentrun's CRDs, two namespaces (two tenants) and a real `agentrun-store-api`
 process; runner identities are real (an AgentRun, its attempt's pod, a token bound to it
-by TokenRequest: tests/store_api.py). Then:
+by TokenRequest: tests/runner_world.py). Then:
 
 1. idle, before: tenant B's runner writes `--writes` ledger rows (open_call + close_call
    through StoreClient, as a runner's ledger does), one after the other with `--pause`
@@ -19,15 +19,15 @@ by TokenRequest: tests/store_api.py). Then:
    refused), and among them 16 MiB bodies where a ledger row belongs and 300,000-word
    memory queries (one of each per 100 requests). B starts once the flooder says its
    first request was answered (the flood is under way, not assumed to be after a sleep),
-   writes ledger rows all along, at least `--writes`, and every one it writes while A
-   floods counts (B moves to a new run of its tenant before one attempt's 2,000 rows are
-   used up);
+   writes ledger rows all along, at least `--writes`, and every one it begins before A's
+   last request was answered counts (B moves to a new run of its tenant before one
+   attempt's 2,000 rows are used up);
 3. idle, after: the same as 1 once the flooder has exited, so that the anchor is the
    idle store API on both sides of the flood (the machine's load drifts).
 
 It prints B's p50/p95/p99 idle before, idle after, their pooled figure (the anchor) and
 the flood's, with the flood's ratio to the anchor (the goal: p99 within 2x), and what
-A's requests got. A figure, not an assertion: tests/runner/test_store_api_limits.py checks
+A's requests got. A figure, not an assertion: tests/store_api/test_store_api_limits.py checks
 the refusals themselves. The output goes to stdout and to `--out` (default
 ~/.cache/agentrun/bench/store-flood-<time>.txt as docs/development.md says; `--out -` for
 stdout only).
@@ -54,6 +54,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parent.parent
 for extra in (ROOT / "devtools", ROOT / "runner-image", ROOT / "store-api-image", ROOT):
@@ -64,6 +65,9 @@ import httpx  # noqa: E402
 from agentrun_devtools.stats import results_file, write_results  # noqa: E402
 
 from agentrun import store  # noqa: E402
+
+if TYPE_CHECKING:
+    from tests.runner_world import RunnerWorld
 
 MiB = 1024 * 1024
 EVENTS = 10_000
@@ -156,8 +160,39 @@ def flood(url: str, token_file: Path, session: str, connections: int, ca: Path) 
         first(client)
         for f in [pool.submit(one, client) for _ in range(connections)]:
             f.result()
+        stamps["ended at"] = time.time()  # the last request answered
     print(json.dumps({"got": dict(got), **stamps}), flush=True)
     return 0
+
+
+# -- the runs ---------------------------------------------------------------------------------
+
+
+def begun(world: RunnerWorld, api_url: str, url: str, tag: str,
+          namespace: str) -> tuple[str, Path, str]:
+    """A run of `namespace` recorded in the store at `url`, its first attempt begun through
+    the store API at `api_url` and its session created: (run name, token file, session)."""
+    from tests.runner_world import call
+
+    name, uid = world.agent_run(tag, namespace=namespace)
+    session = f"{uid}-1"
+
+    async def record() -> None:
+        engine = store.make_engine(url)
+        try:
+            digest = await store.put_input(engine, "bench", {},
+                                           key=await store.installation_key(engine))
+            await store.record_run(engine, uid, namespace, name, "support-agent", "manual",
+                                   "bench", digest)
+            await store.start_attempt(engine, uid, 1, session, f"{name}-1")
+        finally:
+            await engine.dispose()
+
+    asyncio.run(record())
+    me = world.identity(name, uid, 1, namespace=namespace)
+    assert call(api_url, "POST", "/v1/attempt/begin", me.token, {})[0] == 200
+    assert call(api_url, "POST", "/v1/sessions", me.token, {"sessionId": session})[0] == 200
+    return name, me.token_file, session
 
 
 # -- tenant B's ledger writes ----------------------------------------------------------------
@@ -221,7 +256,7 @@ def main() -> int:
     from agentrun_devtools.postgres import Postgres
 
     from tests.cluster_fixtures import apply_crds
-    from tests.store_api import RunnerWorld, call
+    from tests.runner_world import RunnerWorld
 
     say = Report()
     work = Path(tempfile.mkdtemp(prefix="agentrun-bench-flood-"))
@@ -235,40 +270,22 @@ def main() -> int:
             apply_crds(plane)
             url = pg.create_database("flood")
             asyncio.run(store.migrate(url))
-            world = RunnerWorld(plane, "bench-flood-a", work)
+            world = RunnerWorld(plane, "solo-bench-flood-a", work)
             stack.callback(world.stop)
-            world.create_namespace("bench-flood-a")
-            world.create_namespace("bench-flood-b")
+            world.create_namespace("solo-bench-flood-a")
+            world.create_namespace("solo-bench-flood-b")
             api = world.store_api(url)
 
             def runner(tag: str, namespace: str) -> tuple[Path, str]:
                 """An attempt begun, its session created: (token file, session id)."""
-                name, uid = world.agent_run(tag, namespace=namespace)
-                session = f"{uid}-1"
+                _, token_file, session = begun(world, api.url, url, tag, namespace)
+                return token_file, session
 
-                async def record() -> None:
-                    engine = store.make_engine(url)
-                    try:
-                        digest = await store.put_input(
-                            engine, "bench", {}, key=await store.installation_key(engine))
-                        await store.record_run(engine, uid, namespace, name, "support-agent",
-                                               "manual", "bench", digest)
-                        await store.start_attempt(engine, uid, 1, session, f"{name}-1")
-                    finally:
-                        await engine.dispose()
-
-                asyncio.run(record())
-                me = world.identity(name, uid, 1, namespace=namespace)
-                assert call(api.url, "POST", "/v1/attempt/begin", me.token, {})[0] == 200
-                assert call(api.url, "POST", "/v1/sessions", me.token,
-                            {"sessionId": session})[0] == 200
-                return me.token_file, session
-
-            flooder_token, flooder_session = runner("flooder", "bench-flood-a")
+            flooder_token, flooder_session = runner("flooder", "solo-bench-flood-a")
             # Enough of B's runs for the longest flood this machine has seen, and more made
             # should it last longer.
-            made = [runner(f"writer{i}", "bench-flood-b")[0] for i in range(6)]
-            writers = itertools.chain(made, (runner(f"writer{i}", "bench-flood-b")[0]
+            made = [runner(f"writer{i}", "solo-bench-flood-b")[0] for i in range(6)]
+            writers = itertools.chain(made, (runner(f"writer{i}", "solo-bench-flood-b")[0]
                                              for i in itertools.count(len(made))))
             say(f"bench/store_flood.py, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} "
                 f"UTC, {os.cpu_count()} CPUs: Postgres {pg.port} (fsync=off), "
@@ -298,14 +315,22 @@ def main() -> int:
                 if flooder.poll() is None:
                     flooder.kill()
             told = json.loads(report.strip().splitlines()[-1]) if report.strip() else {}
-            got, spent = told.get("got", {}), told.get("quota spent at")
+            got, spent, ended = told.get("got", {}), told.get("quota spent at"), \
+                told.get("ended at")
+            if ended is None:
+                raise RuntimeError(f"the flooder did not say when it ended: {report!r}")
+            # B writes until the flooder's process is gone: a write begun after A's last
+            # request was answered was not written during the flood.
+            tail = [(t, took) for t, took in flooded if t - took > ended]
+            flooded = [(t, took) for t, took in flooded if t - took <= ended]
             after = asyncio.run(ledger_writes(api.url, writers, args.writes, args.warmup,
                                               args.pause, ca=tls.ca.read_text()))
 
             say(f"\nTenant B's ledger write (open_call + close_call through StoreClient; in "
                 f"brackets the ratio to idle): "
                 f"{len(idle)} idle, then {len(flooded)} while tenant A floods with "
-                f"{args.connections} connections, then {len(after)} idle again, each after "
+                f"{args.connections} connections ({len(tail)} more once A's last request "
+                f"was answered, not counted), then {len(after)} idle again, each after "
                 f"{args.warmup} warm-up; the anchor is both idle runs pooled")
             say("| | p50 | p95 | p99 |\n|---|---|---|---|")
             a = percentiles([s for _, s in idle + after])

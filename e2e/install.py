@@ -228,7 +228,7 @@ def installed(root: Path) -> Iterator[Cluster]:
         # echo of the command).
         archives = [Path(line.split("\t")[1]) for line in listed.splitlines()
                     if line.count("\t") >= 2]
-        assert len(archives) == 4 and all(a.is_file() for a in archives), listed
+        assert len(archives) == 5 and all(a.is_file() for a in archives), listed
         for archive in archives:
             node.import_image(archive)
         _postgres_volume(plane, root)

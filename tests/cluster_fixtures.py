@@ -3,6 +3,7 @@ kube-controller-manager + kube-scheduler), started once per test session."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
@@ -17,7 +18,9 @@ from agentrun_devtools.postgres import Postgres
 from agentrun_devtools.processes import Child, free_port, pids_alive
 from agentrun_devtools.transcript_api import TranscriptEndpoint
 
+from agentrun import store
 from tests.harness import Operator, System
+from tests.receiver.receiver import Receiver, grant_the_charts_rights
 
 CRDS = REPO / "crds"
 _namespaces = itertools.count(1)
@@ -44,6 +47,7 @@ def apply_crds(plane: ControlPlane, directory: Path = CRDS) -> None:
         "crd/agentruns.agentrun.dev", "crd/agentrunreplays.agentrun.dev",
         "crd/agentrunapprovals.agentrun.dev",
         "crd/agentrunschedules.agentrun.dev", "crd/agents.agentrun.dev",
+        "crd/agentruntriggers.agentrun.dev",
     )
     # Established is not yet served: just after it, a create can still be answered 503
     # ("Kind=AgentRun not found") while the API server builds the kind's handler. A
@@ -107,8 +111,12 @@ def dev_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFacto
 
 @pytest.fixture(scope="session")
 def store_url(postgres: Postgres) -> str:
-    """The run store of the end-to-end tests (real Postgres), shared by all its clients."""
-    return postgres.create_database("system")
+    """The run store of the end-to-end tests (real Postgres), shared by all its clients,
+    migrated as the operator migrates it at start-up: a test that starts the store API
+    before any operator (tests/operator/test_leader.py) finds its tables."""
+    url = postgres.create_database("system")
+    asyncio.run(store.migrate(url))
+    return url
 
 
 @pytest.fixture(scope="session")
@@ -119,14 +127,33 @@ def transcript_endpoint(control_plane: ControlPlane) -> TranscriptEndpoint:
 
 
 @pytest.fixture(scope="session")
+def receiver_port() -> int:
+    """Where the session's trigger receiver listens (the session operator writes it into
+    triggers' status.url, whether or not a test started the receiver)."""
+    return free_port()
+
+
+@pytest.fixture(scope="session")
+def receiver(crds: ControlPlane, receiver_port: int,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
+    """The session's trigger receiver (tests/receiver/receiver.py)."""
+    grant_the_charts_rights(crds)
+    process = Receiver(crds, tmp_path_factory.mktemp("receiver"), port=receiver_port).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="session")
 def operator(crds: ControlPlane, dev_node: Child, store_url: str,
-             transcript_endpoint: TranscriptEndpoint,
+             transcript_endpoint: TranscriptEndpoint, receiver_port: int,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     """The session operator, and beside it the session's store API, its own process (as
     `make run` and the chart run them), which also serves the transcript API, registered
     with the API server (APIService v1alpha1.store.agentrun.dev) while it lives."""
     process = Operator(crds, store_url, tmp_path_factory.mktemp("operator"),
-                       SESSION_OPERATOR_ARGS,
+                       (*SESSION_OPERATOR_ARGS, f"--receiver-url=https://127.0.0.1:{receiver_port}"),
                        transcript_listen=transcript_endpoint.listen).start()
     transcript_api.register(crds, transcript_endpoint)
     try:

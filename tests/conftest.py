@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from agentrun_devtools.postgres import Postgres
 
-pytest_plugins = ["tests.cluster_fixtures"]
+pytest_plugins = ["tests.cluster_fixtures", "tests.store_fixtures"]
 
 # make test runs two pytest processes (pytest-xdist, --dist loadfile --no-loadscope-reorder):
 # a file at a time, handed out in the order below, the longest first, so that no long file
@@ -17,18 +17,29 @@ pytest_plugins = ["tests.cluster_fixtures"]
 # the first process the first and the third: the demo's and the README's flows, which hold
 # the machine's dev-cluster lock (the_machines_dev_cluster), run one after the other in
 # one process instead of one process waiting on the other's lock.
-_LONGEST_FIRST = ("tests/replay/test_demo.py", "tests/operator/test_schedules.py",
-                  "tests/replay/test_readme.py", "tests/runner/test_store_api_limits.py",
+_LONGEST_FIRST = ("tests/devtools/test_demo.py", "tests/operator/test_schedules.py",
+                  "tests/devtools/test_readme.py", "tests/store_api/test_store_api_limits.py",
                   "tests/operator/test_transcript.py", "tests/operator/test_restarts.py",
-                  "tests/replay/test_manual_resume.py", "tests/runner/test_litellm_provider.py")
+                  "tests/operator/replay/test_manual_resume.py",
+                  "tests/runner/test_litellm_provider.py",
+                  "tests/kubectl/test_console_browser.py")
 
 
 def _file_of(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
+# What a test needs is told by its fixtures, not by its folder: a test that uses the control
+# plane is marked `cluster`, one that uses the Postgres server `postgres`.
+_NEEDS = {"control_plane": "cluster", "postgres": "postgres"}
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, marker in _NEEDS.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(marker)
     rank = {path: i for i, path in enumerate(_LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(_file_of(item), len(rank)))  # stable otherwise
 

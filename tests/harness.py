@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import store
 from agentrun.vocabulary import GROUP, VERSION
-from tests.store_api import StoreAPIProcess
+from tests.runner_world import StoreAPIProcess
 
 T = TypeVar("T")
 

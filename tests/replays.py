@@ -11,8 +11,8 @@ import time
 from typing import Any
 
 from agentrun_devtools.processes import wait_for
+from agentrun_kubectl.replay import replay_manifest
 
-from agentrun.kubectl_plugin import replay_manifest
 from agentrun.vocabulary import (
     GROUP,
     LABEL_REPLAY_OF,

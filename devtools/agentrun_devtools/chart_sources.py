@@ -2,7 +2,8 @@
 source of the CRDs, admission policies and ClusterRoles (`make install` applies it), and
 the chart ships copies of them; the Argo CD health checks are written once, as Lua files
 in Argo CD's own layout, and the argocd-cm patch is made from them. In crds/ itself, the
-AgentRunSchedule's runTemplate.spec is the AgentRun spec, made from the AgentRun CRD.
+runTemplate.spec of an AgentRunSchedule and of an AgentRunTrigger is the AgentRun spec,
+made from the AgentRun CRD.
 
 `python -m agentrun_devtools.chart_sources` writes them; tests/chart/test_chart_sources.py
 fails when a file on disk differs from what this would write.
@@ -26,14 +27,18 @@ ARGOCD_PATCH = ARGOCD / "argocd-cm-patch.yaml"
 COMMAND = "make chart-crds"
 RUN_CRD = CRDS / "agentrun.dev_agentruns.yaml"
 SCHEDULE_CRD = CRDS / "agentrun.dev_agentrunschedules.yaml"
+TRIGGER_CRD = CRDS / "agentrun.dev_agentruntriggers.yaml"
+# The kinds whose spec.runTemplate.spec is an AgentRun spec.
+TEMPLATED_CRDS = (SCHEDULE_CRD, TRIGGER_CRD)
 _BEGIN = "# BEGIN the AgentRun spec"
 _END = "# END the AgentRun spec"
 
 
 def template_spec() -> dict[str, Any]:
-    """The AgentRun spec's schema as a schedule's runTemplate.spec: the same fields and
-    rules, less what makes a run's spec a record (it is immutable) and trigger's default
-    (a schedule's runs are trigger schedule; the template's own rule refuses any other)."""
+    """The AgentRun spec's schema as a schedule's or a trigger's runTemplate.spec: the same
+    fields and rules, less what makes a run's spec a record (it is immutable) and trigger's
+    default (a schedule's runs are trigger schedule, a trigger's event; the template's own
+    rule refuses any other)."""
     crd = yaml.safe_load(RUN_CRD.read_text())
     spec: dict[str, Any] = copy.deepcopy(
         crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"])
@@ -45,9 +50,9 @@ def template_spec() -> dict[str, Any]:
     return spec
 
 
-def schedule_crd() -> bytes:
-    """crds/agentrun.dev_agentrunschedules.yaml with the AgentRun spec between its marks."""
-    lines = SCHEDULE_CRD.read_text().splitlines()
+def templated_crd(path: Path) -> bytes:
+    """A CRD of TEMPLATED_CRDS with the AgentRun spec between its marks."""
+    lines = path.read_text().splitlines()
     begin = next(i for i, line in enumerate(lines) if line.strip().startswith(_BEGIN))
     end = next(i for i, line in enumerate(lines) if line.strip() == _END)
     indent = " " * (len(lines[begin]) - len(lines[begin].lstrip()))
@@ -59,9 +64,9 @@ def schedule_crd() -> bytes:
 
 
 def sources() -> dict[Path, bytes]:
-    """crds/ as `make install` applies it: every file as it is, the schedule's CRD with
-    its runTemplate.spec made from the AgentRun CRD."""
-    return {p: schedule_crd() if p == SCHEDULE_CRD else p.read_bytes()
+    """crds/ as `make install` applies it: every file as it is, the schedule's and the
+    trigger's CRDs with their runTemplate.spec made from the AgentRun CRD."""
+    return {p: templated_crd(p) if p in TEMPLATED_CRDS else p.read_bytes()
             for p in sorted(CRDS.glob("*.yaml"))}
 
 
@@ -121,7 +126,8 @@ def argocd_patch() -> bytes:
 
 def generated() -> dict[Path, bytes]:
     """Every generated file of the chart and its content."""
-    return {SCHEDULE_CRD: schedule_crd(), **copies(), ARGOCD_PATCH: argocd_patch()}
+    return {**{p: templated_crd(p) for p in TEMPLATED_CRDS}, **copies(),
+            ARGOCD_PATCH: argocd_patch()}
 
 
 def main() -> int:

@@ -9,7 +9,9 @@ kube-apiserver, kube-controller-manager, kube-scheduler) and a node, writes the 
 kubeconfig to .local/kubeconfig and links kubectl and helm into .local/bin/. It registers
 the transcript API (APIService v1alpha1.store.agentrun.dev, agentrun_devtools.transcript_api)
 at this host's address and a free port, written to .local/store-api/transcript-api-listen,
-where `make run`'s store API serves it (the Makefile reads it). The node is
+where `make run`'s store API serves it (the Makefile reads it), and the trigger
+receiver's serving pair and credential (.local/receiver/, .local/receiver.kubeconfig), which
+`make run` starts it with. The node is
 the development node `dev-node` by default; with `--node real`, the real node `real-node`
 (containerd, kubelet, kube-proxy, CoreDNS: agentrun_devtools.realnode, state in
 .local/realnode). Running `up` twice is harmless. `down` stops the supervisor (which stops
@@ -30,9 +32,18 @@ import threading
 import time
 from pathlib import Path
 
-from agentrun_devtools import realnode, runner_launcher, transcript_api
+from agentrun.vocabulary import RECEIVER_GROUP
+from agentrun_devtools import kueue, realnode, runner_launcher, transcript_api
+from agentrun_devtools.certs import PKI
 from agentrun_devtools.controlplane import REPO, ControlPlane, binaries
-from agentrun_devtools.processes import Child, ProcessDied, free_port, pids_alive, wait_for
+from agentrun_devtools.processes import (
+    Child,
+    ProcessDied,
+    free_port,
+    running_pid,
+    stop_pid,
+    wait_for,
+)
 
 DEFAULT_STATE = REPO / ".local"
 
@@ -42,19 +53,6 @@ def devtools_env() -> dict[str, str]:
     path = os.pathsep.join(
         p for p in (str(REPO / "devtools"), os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, "PYTHONPATH": path}
-
-
-def stop_pid(pid: int, *, timeout: float, what: str, group: bool = False) -> None:
-    """SIGTERM, then SIGKILL (the process group with `group`) if it outlives `timeout`."""
-    if not pids_alive([pid]):
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    try:
-        wait_for(lambda: not pids_alive([pid]), timeout=timeout, what=what)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            (os.killpg if group else os.kill)(pid, signal.SIGKILL)
 
 
 def start_dev_node(plane: ControlPlane, work_dir: Path) -> Child:
@@ -102,14 +100,12 @@ class _Paths:
         self.store_api_log = state / "store-api.log"
         self.realnode = state / "realnode"
         self.store_api_tls = state / "store-api"
+        self.receiver = state / "receiver"
+        self.receiver_kubeconfig = state / "receiver.kubeconfig"
 
 
 def _running(paths: _Paths) -> int | None:
-    try:
-        pid = int(paths.pid.read_text())
-    except (OSError, ValueError):
-        return None
-    return pid if pids_alive([pid]) else None
+    return running_pid(paths.pid)
 
 
 def serve(paths: _Paths, node_kind: str = "dev") -> None:
@@ -133,6 +129,7 @@ def serve(paths: _Paths, node_kind: str = "dev") -> None:
         for source, name in ((tls.ca, "ca.crt"), (tls.cert, "tls.crt"), (tls.key, "tls.key")):
             shutil.copy(source, paths.store_api_tls / name)
             (paths.store_api_tls / name).chmod(0o600)
+        _receiver_files(plane, paths)
         # The transcript API: the API server proxies to where the store API serves it.
         endpoint = transcript_api.TranscriptEndpoint(plane.host_address, free_port())
         transcript_api.register(plane, endpoint)
@@ -165,6 +162,21 @@ def serve(paths: _Paths, node_kind: str = "dev") -> None:
         if real is not None:
             real.stop(check=False)
         plane.stop()
+
+
+def _receiver_files(plane: ControlPlane, paths: _Paths) -> None:
+    """What `make run` starts the trigger receiver with: its own CA and a certificate for
+    this host's loopback (status.url is https://127.0.0.1:<port>/...), and a credential in
+    the group agentrun:receivers, which the admission policies exempt as they exempt the
+    receiver's ServiceAccount in a cluster (and, like the operator's, in system:masters:
+    the development cluster has no chart to give it its rights)."""
+    pki = PKI(paths.receiver, name="agentrun-receiver-ca")
+    pki.issue("tls", "agentrun-receiver", server=True, hosts=("127.0.0.1", "localhost"))
+    (paths.receiver / "ca.key").unlink()
+    issued = plane.issue_kubeconfig("receiver", "agentrun-receiver",
+                                    ("system:masters", RECEIVER_GROUP))
+    shutil.copy(issued, paths.receiver_kubeconfig)
+    paths.receiver_kubeconfig.chmod(0o600)
 
 
 def up(paths: _Paths, node_kind: str = "dev") -> int:
@@ -224,6 +236,8 @@ def _stop_programs(paths: _Paths) -> None:
 
 def down(paths: _Paths) -> int:
     _stop_programs(paths)
+    # `make kueue`'s Kueue, before the API server it serves goes.
+    kueue.down(kueue._Paths(paths.state), quiet=True)
     pid = _running(paths)
     if pid:
         stop_pid(pid, timeout=90, what="cluster shutdown", group=True)
@@ -236,9 +250,10 @@ def down(paths: _Paths) -> int:
             print(f"the real node's host changes were not undone: {e}", file=sys.stderr)
         for line in realnode.leftovers(paths.realnode):
             print(f"the real node left: {line}", file=sys.stderr)
-    for path in (paths.cluster, paths.pods, paths.bin):
+    for path in (paths.cluster, paths.pods, paths.bin, paths.receiver):
         shutil.rmtree(path, ignore_errors=True)
-    for path in (paths.kubeconfig, paths.operator_kubeconfig, paths.pid, paths.ready, paths.store,
+    for path in (paths.kubeconfig, paths.operator_kubeconfig, paths.receiver_kubeconfig,
+                 paths.pid, paths.ready, paths.store,
                  Path(f"{paths.store}-wal"), Path(f"{paths.store}-shm")):
         path.unlink(missing_ok=True)
     print("development cluster stopped and its state removed")

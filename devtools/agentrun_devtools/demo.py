@@ -47,8 +47,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentrun_kubectl.replay import replay_manifest
+
 from agentrun import store
-from agentrun.kubectl_plugin import replay_manifest
 from agentrun.vocabulary import (
     ANNOTATION_FORCE_REPLAY,
     API_VERSION,

@@ -4,7 +4,10 @@ It plays a kubelet for tests and the local demo, never for production. It regist
 Node `dev-node`, renews its Lease and Ready condition, runs each pod bound to it as local
 processes (the first container's command, args and env; images are ignored; a command
 `agentrun-runner` finds the runner's launcher first on PATH, as in the runner image:
-agentrun_devtools.runner_launcher), and reports
+agentrun_devtools.runner_launcher; that process is forked from a runner that imported
+google-adk once, with the environment and command line the launcher would give it, so that
+a pod does not pay 1.6 s of CPU for its imports: `Runners`, `--no-fork-runners` to start
+each through the launcher), and reports
 pod status the way a kubelet does: Running, then Succeeded/Failed with the exit code;
 graceful deletion (SIGTERM, grace period, SIGKILL, then a grace-0 delete); the pod's
 activeDeadlineSeconds. It also simulates a kubelet's bad days on request, through the
@@ -77,6 +80,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,7 +101,8 @@ from agentrun.vocabulary import (
     SIMULATE_NODE_PRESSURE_EVICTION,
     SIMULATE_OOM,
 )
-from agentrun_devtools import peers, runner_launcher
+from agentrun_devtools import forkserver, peers, runner_launcher
+from agentrun_devtools.forkserver import Forked
 from agentrun_devtools.processes import child_setup
 
 log = logging.getLogger("devnode")
@@ -251,7 +256,7 @@ class PodProcess:
     name: str
     uid: str
     container: str
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | Forked
     log_path: Path
     started_at: datetime.datetime
     deadline: datetime.datetime | None
@@ -266,12 +271,14 @@ class PodProcess:
 class DevNode:
     """Registers the node, runs its pods, and reports their status."""
 
-    def __init__(self, api: client.ApiClient, work_dir: Path, extra_path: str = "") -> None:
+    def __init__(self, api: client.ApiClient, work_dir: Path, extra_path: str = "", *,
+                 runners: Runners | None = None) -> None:
         # The client types every field Optional; the API server fills what we read.
         self.core: Any = client.CoreV1Api(api)
         self.coordination: Any = client.CoordinationV1Api(api)
         self.work_dir = work_dir
         self.extra_path = extra_path
+        self.runners = runners
         self.pods: dict[str, PodProcess] = {}  # by pod uid
         self.finished: set[str] = set()  # uids whose status we reported as terminal
         # Pods whose containers died with the node (simulated power loss), reported when
@@ -536,12 +543,7 @@ class DevNode:
         try:
             if not argv:
                 raise FileNotFoundError("the container has no command: images are not run here")
-            with open(log_path, "ab") as out:
-                process = subprocess.Popen(
-                    argv, env=env, cwd=container.working_dir or pod_dir, stdout=out,
-                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    preexec_fn=child_setup(),
-                )
+            process = self._spawn(argv, env, Path(container.working_dir or pod_dir), log_path)
         except (OSError, ValueError) as e:
             log.warning("event=start-failed pod=%s/%s error=%r", namespace, name, e)
             self._report_start_failure(pod, container.name, str(e))
@@ -564,6 +566,20 @@ class DevNode:
         })
         threading.Thread(target=self._wait, args=(proc,), daemon=True).start()
 
+    def _spawn(self, argv: list[str], env: dict[str, str], cwd: Path,
+               log_path: Path) -> subprocess.Popen[bytes] | Forked:
+        """The container's process: forked from the imported runner when the command is
+        the runner's launcher (what the launcher would start, started the quick way),
+        else started as any program is."""
+        if self.runners is not None:
+            forked = self.runners.spawn(argv, env, cwd, log_path)
+            if forked is not None:
+                return forked
+        with open(log_path, "ab") as out:
+            return subprocess.Popen(
+                argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, preexec_fn=child_setup())
+
     def _wait(self, proc: PodProcess) -> None:
         proc.process.wait()
         self.events.put(("exited", proc))
@@ -573,6 +589,7 @@ class DevNode:
             return
         proc.reported = True
         code = proc.process.returncode
+        assert code is not None  # reported only once the process has exited
         exit_code = 128 - code if code < 0 else code  # killed by signal N -> 128+N
         finished = _now()
         terminated: dict[str, Any] = {
@@ -1005,6 +1022,57 @@ class DevNode:
         self.stopping.set()
         for proc in list(self.pods.values()):
             self._kill(proc, signal.SIGKILL)
+        if self.runners is not None:
+            self.runners.stop()
+
+
+class Runners:
+    """Runner processes forked from a runner that has imported google-adk once
+    (agentrun_devtools.forkserver): a runner pod's process costs a fork instead of 1.6 s of
+    CPU of imports, and is otherwise what the launcher would start: the launcher's
+    environment and command line (runner_launcher.launched_env, launched_argv: /proc shows
+    them), Python isolated, unbuffered, writing no bytecode."""
+
+    # What an attempt imports after its first line (inside the runner's functions), so that
+    # no forked runner imports it again.
+    PRELOAD = ("agentrun_runner.main", "agentrun_runner.compaction", "agentrun_runner.ledger",
+               "agentrun_runner.retries", "agentrun_runner.scripted", "agentrun_runner.usage",
+               "agentrun_runner.declarative", "agentrun_runner.agents", "agentrun.agents",
+               "google.adk.runners", "google.adk.agents.llm_agent", "google.adk.apps.app",
+               "google.adk.models.registry", "google.adk.tools.function_tool",
+               "google.adk.tools.tool_confirmation", "google.adk.tools.mcp_tool.mcp_toolset",
+               "google.adk.agents.config_agent_utils")
+
+    def __init__(self, python: Path, launcher: Path, work_dir: Path) -> None:
+        self.python, self.launcher = python, launcher
+        self.path = runner_launcher.runner_path(python)
+        self.server = forkserver.ForkServer(
+            python, runner_launcher.MODULE, work_dir, preload=self.PRELOAD,
+            flags=runner_launcher.PYTHON_FLAGS,
+            env={"PATH": self.path, "LANG": "C.UTF-8", "HOME": os.environ.get("HOME", "/tmp")})
+
+    def start(self) -> Runners:
+        self.server.start()
+        return self
+
+    def spawn(self, argv: list[str], env: dict[str, str], cwd: Path,
+              log_path: Path) -> forkserver.Forked | None:
+        """The process, if `argv` starts the runner's launcher; None otherwise (or when the
+        server is gone: the caller then starts the launcher itself)."""
+        found = shutil.which(argv[0], path=env.get("PATH", "")) if argv else None
+        if found is None or Path(found).resolve() != self.launcher.resolve():
+            return None
+        try:
+            return self.server.spawn(
+                [runner_launcher.MODULE, *argv[1:]], env=runner_launcher.launched_env(
+                    env, self.path), cwd=cwd, log_path=log_path,
+                shown_argv=runner_launcher.launched_argv(self.python, argv[1:]))
+        except forkserver.Unavailable as e:
+            log.warning("event=fork-unavailable error=%r", str(e))
+            return None
+
+    def stop(self) -> None:
+        self.server.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -1012,6 +1080,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--work-dir", required=True, type=Path,
                         help="where each pod's working directory and log go")
+    parser.add_argument("--fork-runners", action=argparse.BooleanOptionalAction, default=True,
+                        help="fork runner processes from an imported runner (default) instead "
+                             "of starting each through the launcher")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -1023,10 +1094,18 @@ def main(argv: list[str] | None = None) -> None:
     # Built (or found) before the first pod, so a missing Go toolchain fails here, once.
     peers.expansion_binary()
     api = config.new_client_from_config(config_file=args.kubeconfig)
+    runners: Runners | None = None
+    if args.fork_runners:
+        try:
+            runners = Runners(python, launcher, args.work_dir).start()
+        except forkserver.Unavailable as e:
+            log.warning("event=fork-unavailable error=%r: runners start through the launcher",
+                        str(e))
     # The launcher's directory first: the operator's command `agentrun-runner` then starts
     # the runner isolated, as in the runner image, not pip's console script beside Python.
     node = DevNode(api, args.work_dir,
-                   extra_path=os.pathsep.join((str(launcher.parent), str(python.parent))))
+                   extra_path=os.pathsep.join((str(launcher.parent), str(python.parent))),
+                   runners=runners)
     signal.signal(signal.SIGTERM, lambda *_: node.stopping.set())
     node.run()
 

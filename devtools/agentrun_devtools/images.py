@@ -90,10 +90,12 @@ def qualified(name: str) -> str:
 
 
 def default_images(operator: str, runner: str, postgres: str,
-                   store_api: str = "agentrun/store-api:dev") -> list[Image]:
+                   store_api: str = "agentrun/store-api:dev",
+                   receiver: str = "agentrun/receiver:dev") -> list[Image]:
     return [
         Image("operator", REPO / "Dockerfile", qualified(operator)),
         Image("store-api", REPO / "store-api-image" / "Dockerfile", qualified(store_api)),
+        Image("receiver", REPO / "receiver-image" / "Dockerfile", qualified(receiver)),
         Image("runner", REPO / "runner-image" / "Dockerfile", qualified(runner)),
         Image("postgres", REPO / "devtools" / "images" / "postgres" / "Dockerfile",
               qualified(postgres)),
@@ -579,13 +581,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--operator", default="agentrun/operator:dev")
     parser.add_argument("--store-api", default="agentrun/store-api:dev")
+    parser.add_argument("--receiver", default="agentrun/receiver:dev")
     parser.add_argument("--runner", default="agentrun/runner:dev")
     parser.add_argument("--postgres", default="agentrun/postgres:dev")
     parser.add_argument("--only", action="append",
-                        choices=["operator", "store-api", "runner", "postgres"],
+                        choices=["operator", "store-api", "receiver", "runner", "postgres"],
                         help="build only this image (repeatable)")
     args = parser.parse_args(argv)
-    images = default_images(args.operator, args.runner, args.postgres, args.store_api)
+    images = default_images(args.operator, args.runner, args.postgres, args.store_api,
+                            args.receiver)
     if args.only:
         images = [image for image in images if image.short in args.only]
     started = time.monotonic()

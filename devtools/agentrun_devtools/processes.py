@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from agentrun_devtools.forkserver import Forked, ForkServer
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -85,11 +87,21 @@ class Child:
         cwd: Path | None = None,
         user: str | None = None,
         die_with_parent: bool = True,
+        forks: ForkServer | None = None,
     ) -> None:
+        """`forks`: a fork server that has imported this program (argv[0] names the
+        program's command, argv[1:] are its arguments): the process is forked from it
+        instead of started afresh (not with `user`)."""
         self.name = name
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")  # noqa: SIM115 - owned by the Child
+        self.process: subprocess.Popen[bytes] | Forked
+        if forks is not None and user is None:
+            self.process = forks.spawn([forks.module, *argv[1:]], shown_argv=list(argv),
+                                       env=dict(os.environ if env is None else env),
+                                       cwd=cwd or Path.cwd(), log_path=log_path)
+            return
         self.process = subprocess.Popen(
             list(argv),
             stdout=self._log,
@@ -139,3 +151,25 @@ def pids_alive(pids: Sequence[int]) -> list[int]:
         if state != "Z":
             alive.append(pid)
     return alive
+
+
+def running_pid(pid_file: Path) -> int | None:
+    """The pid a supervisor wrote to `pid_file`, if that process still runs."""
+    try:
+        pid = int(pid_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if pids_alive([pid]) else None
+
+
+def stop_pid(pid: int, *, timeout: float, what: str, group: bool = False) -> None:
+    """SIGTERM, then SIGKILL (the process group with `group`) if it outlives `timeout`."""
+    if not pids_alive([pid]):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    try:
+        wait_for(lambda: not pids_alive([pid]), timeout=timeout, what=what)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            (os.killpg if group else os.kill)(pid, signal.SIGKILL)

@@ -20,7 +20,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from agentrun.vocabulary import LoaderEnv
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "runner-image" / "launcher" / "agentrun-runner.c"
@@ -28,6 +31,9 @@ PROGRAM = "agentrun-runner"
 # Static: a dynamically linked launcher would have the loader honour LD_PRELOAD before it
 # could remove it.
 CFLAGS = ("-static", "-O2", "-Wall", "-Wextra", "-Wwrite-strings")
+# How the launcher starts the runner: `python -I -B -u -m agentrun_runner ARGS...`.
+PYTHON_FLAGS = ("-I", "-B", "-u")
+MODULE = "agentrun_runner"
 # What the runner's processes find programs on, besides the Python's own directory.
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 INSTALL_HINT = "install gcc and the static C library (Debian: apt-get install gcc libc6-dev)"
@@ -100,6 +106,23 @@ def build(python: Path | None = None, *, path: str | None = None, compiler: str 
                 f"{done.stderr.strip()}")
         os.replace(partial, program)
     return program
+
+
+def refused(name: str) -> bool:
+    """Whether the launcher removes the variable `name` (vocabulary.LoaderEnv, which the
+    launcher's C lists spell again: tests/devtools/test_runner_launcher.py)."""
+    return name in LoaderEnv.NAMES or any(name.startswith(p) for p in LoaderEnv.PREFIXES)
+
+
+def launched_env(env: Mapping[str, str], path: str) -> dict[str, str]:
+    """The environment a launcher built with `path` gives the runner out of `env`: every
+    refused variable gone, PATH its own, last."""
+    return {**{k: v for k, v in env.items() if not refused(k) and k != "PATH"}, "PATH": path}
+
+
+def launched_argv(python: Path, args: Sequence[str]) -> list[str]:
+    """The command line of the runner the launcher starts for `python` with `args`."""
+    return [str(python), *PYTHON_FLAGS, "-m", MODULE, *args]
 
 
 def main() -> int:

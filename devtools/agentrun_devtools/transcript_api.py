@@ -67,25 +67,35 @@ class TranscriptEndpoint:
         return f"{self.address}:{self.port}"
 
 
+def host_service(namespace: str, service: str, port_name: str, address: str, port: int,
+                 labels: dict[str, str]) -> list[dict[str, Any]]:
+    """The Namespace, a Service without selector (port 443) and the EndpointSlice that
+    sends it to `address:port` on this host: how the API server, which dials a Service's
+    endpoints itself here, reaches a server that runs as a process of this host."""
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        {"apiVersion": "v1", "kind": "Service",
+         "metadata": {"name": service, "namespace": namespace, "labels": labels},
+         "spec": {"ports": [{"name": port_name, "port": 443, "targetPort": port,
+                             "protocol": "TCP"}]}},
+        {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+         "metadata": {"name": f"{service}-host", "namespace": namespace,
+                      "labels": {**labels, "kubernetes.io/service-name": service,
+                                 "endpointslice.kubernetes.io/managed-by":
+                                     "agentrun-devtools"}},
+         "addressType": "IPv4",
+         "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
+         "ports": [{"name": port_name, "port": port, "protocol": "TCP"}]},
+    ]
+
+
 def manifests(endpoint: TranscriptEndpoint, ca_pem: str) -> list[dict[str, Any]]:
     """The Namespace, Service, EndpointSlice and APIService of the transcript API."""
     import base64
 
     labels = {"app.kubernetes.io/name": "agentrun", "app.kubernetes.io/component": "store-api"}
     return [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
-        {"apiVersion": "v1", "kind": "Service",
-         "metadata": {"name": SERVICE, "namespace": NAMESPACE, "labels": labels},
-         "spec": {"ports": [{"name": PORT_NAME, "port": 443, "targetPort": endpoint.port,
-                             "protocol": "TCP"}]}},
-        {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-         "metadata": {"name": f"{SERVICE}-host", "namespace": NAMESPACE,
-                      "labels": {**labels, "kubernetes.io/service-name": SERVICE,
-                                 "endpointslice.kubernetes.io/managed-by":
-                                     "agentrun-devtools"}},
-         "addressType": "IPv4",
-         "endpoints": [{"addresses": [endpoint.address], "conditions": {"ready": True}}],
-         "ports": [{"name": PORT_NAME, "port": endpoint.port, "protocol": "TCP"}]},
+        *host_service(NAMESPACE, SERVICE, PORT_NAME, endpoint.address, endpoint.port, labels),
         {"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
          "metadata": {"name": TRANSCRIPT_API_SERVICE, "labels": labels},
          "spec": {"group": TRANSCRIPT_GROUP, "version": TRANSCRIPT_VERSION,

@@ -12,9 +12,9 @@ Secret is looked at again every AGENT_RECHECK seconds (Secrets are not watched).
 At a run's launch, `pin` resolves the Agent the run names from the API server itself (not
 from the watch's cache: an Agent created or changed just before the run counts), snapshots
 it in the store and returns the digest the run records, or the refusal (also a run whose
-spec.tools loosens the Agents' effects: PolicyViolation). A replay (and so a
-manual resume) pins its original's snapshot, found through the store's record of the
-original, never through anything a user could edit.
+spec.tools loosens the chart's policy or the Agents' effects: PolicyViolation). A replay
+(and so a manual resume) pins its original's snapshot, found through the store's record of
+the original, never through anything a user could edit.
 """
 
 from __future__ import annotations
@@ -191,6 +191,11 @@ async def pin(ctx: Context, run: Mapping[str, Any]) -> Pin:
     """The Agent snapshot run `run` pins at launch (see the module docstring)."""
     meta, spec = run["metadata"], run.get("spec") or {}
     namespace, name = meta["namespace"], str(spec["agent"])
+    chart = policy.chart_rules(ctx.config.tool_policy)
+    loosened = policy.first_violation([policy.of_rules(policy.CHART, chart),
+                                       policy.of_rules(policy.RUN, spec.get("tools") or [])])
+    if loosened is not None:
+        return Pin(None, (Reason.POLICY_VIOLATION, _before_any_pod(loosened)))
     if spec.get("replayOf"):
         approval = await store.approval_of_replay_run(ctx.engine, namespace, meta["name"])
         original = await store.get_run(ctx.engine, approval.run_uid) if approval else None
@@ -213,17 +218,22 @@ async def pin(ctx: Context, run: Mapping[str, Any]) -> Pin:
         return Pin(None, (Reason.AGENT_INVALID, (
             f"{problem} No pod was started, no tool was called; fix the Agent (kubectl "
             f"describe agent {name} -n {namespace}) and create the run again.")))
-    loosened = launch_violation(resolution.snapshot, spec.get("tools") or [])
+    loosened = launch_violation(resolution.snapshot, spec.get("tools") or [], chart)
     if loosened is not None:
-        return Pin(None, (Reason.POLICY_VIOLATION, loosened.message.replace(
-            "No tool was called", "No pod was started, no tool was called")))
+        return Pin(None, (Reason.POLICY_VIOLATION, _before_any_pod(loosened)))
     return Pin(await store.put_agent(ctx.engine, resolution.snapshot))
 
 
-def launch_violation(snapshot: Mapping[str, Any],
-                     run_tools: Sequence[Mapping[str, Any]]) -> policy.Violation | None:
+def _before_any_pod(loosened: policy.Violation) -> str:
+    return loosened.message.replace("No tool was called", "No pod was started, no tool was "
+                                    "called")
+
+
+def launch_violation(snapshot: Mapping[str, Any], run_tools: Sequence[Mapping[str, Any]],
+                     chart: Sequence[Mapping[str, Any]] = ()) -> policy.Violation | None:
     """What the operator can know at launch of "a run only tightens" (agentrun.policy):
-    the run's spec.tools against the Agents' effects. The image's code is the runner's
-    to check, before its first model call."""
-    return policy.first_violation([policy.of_rules(policy.AGENT, policy.agent_rules(snapshot)),
+    the Agents' effects and the run's spec.tools against the chart's policy and each
+    other. The image's code is the runner's to check, before its first model call."""
+    return policy.first_violation([policy.of_rules(policy.CHART, chart),
+                                   policy.of_rules(policy.AGENT, policy.agent_rules(snapshot)),
                                    policy.of_rules(policy.RUN, run_tools)])

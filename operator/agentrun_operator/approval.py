@@ -1,6 +1,6 @@
 """An AgentRunApproval: a human's decision on one call a run waits for.
 
-`judge(...)` is the pure decision (tests/unit/test_approval.py holds its table); the
+`judge(...)` is the pure decision (tests/operator/test_approval_decisions.py holds its table); the
 reconcile gathers the facts (the AgentRun, the call it waits for in the store), calls it,
 writes the decision into the store when it is the one (first valid approval wins, atomically
 in the store: `store.decide`), and shows the verdict. The run's own reconcile then resumes

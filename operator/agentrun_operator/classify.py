@@ -3,7 +3,7 @@
 `classify(pod, node, now, node_lost_grace)` takes the pod and its node as the API server
 returns them (plain dicts, as kopf hands them over) and returns the run's outcome, or
 None while the pod says nothing final yet. No I/O happens here; the table of cases lives
-in tests/unit/test_classify.py. The Job controller's pod failure policy matching is the
+in tests/operator/test_classify.py. The Job controller's pod failure policy matching is the
 model: first the disruption the cluster itself declared, then what the kubelet reported,
 then what the container's exit says.
 """
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentrun.vocabulary import Phase, Reason
+from agentrun.vocabulary import Kueue, Phase, Reason
 
 # DisruptionTarget reasons (pod condition, GA in Kubernetes 1.31) -> run reason.
 _DISRUPTIONS: Mapping[str, str] = {
@@ -84,8 +84,35 @@ def match_disruption(pod: Mapping[str, Any]) -> Outcome | None:
     reason = _DISRUPTIONS.get(cause)
     if reason is None:
         return None
-    detail = condition.get("message") or cause
-    return Outcome(Phase.FAILED, reason, _message(reason, f"{cause}: {detail}"))
+    detail = f"{cause}: {condition.get('message') or cause}"
+    if reason == Reason.PREEMPTED:
+        detail = f"by the scheduler, for a higher-priority pod: {detail}"
+    return Outcome(Phase.FAILED, reason, _message(reason, detail))
+
+
+def match_queue_eviction(pod: Mapping[str, Any]) -> Outcome | None:
+    """Kueue stopped the pod: it sets the condition TerminationTarget, then deletes the pod.
+    An eviction of its Workload (WorkloadEvictedDueTo<why>: preempted, deactivated, its
+    ClusterQueue stopped, pods-ready timeout) is a preemption: not the run's fault. Any
+    other stop (its Workload deleted, ...) is a deletion, with Kueue's reason. Acted on
+    only with the deletion or phase Failed, as DisruptionTarget is."""
+    condition = _conditions(pod).get(Kueue.TERMINATION_TARGET)
+    if not condition or condition.get("status") != "True":
+        return None
+    deleting = (pod.get("metadata") or {}).get("deletionTimestamp") is not None
+    phase = (pod.get("status") or {}).get("phase")
+    # A pod that had already succeeded was stopped after its end: the end stands.
+    if phase == "Succeeded" or not (deleting or phase == "Failed"):
+        return None
+    cause = str(condition.get("reason") or "")
+    said = str(condition.get("message") or "").strip().rstrip(".")
+    detail = f"{cause}: {said}" if said else cause or "no reason given"
+    if cause.startswith(Kueue.EVICTED_REASON_PREFIX):
+        return Outcome(Phase.FAILED, Reason.PREEMPTED,
+                       _message(Reason.PREEMPTED, f"by Kueue, which evicted its Workload: "
+                                                  f"{detail}"))
+    return Outcome(Phase.FAILED, Reason.POD_DELETED,
+                   _message(Reason.POD_DELETED, f"by Kueue: {detail}"))
 
 
 def match_kubelet_eviction(pod: Mapping[str, Any]) -> Outcome | None:
@@ -186,13 +213,15 @@ def classify(
 
     Returns a terminal Outcome (Succeeded, or Failed with a reason from the API's table),
     an Outcome with phase Running once the container runs, or None while nothing is known.
-    First match wins: the cluster's declared disruption; the kubelet's eviction and
+    First match wins: the cluster's declared disruption, and Kueue's (its eviction of the
+    pod's Workload is a preemption); the kubelet's eviction and
     deadline; an OOM kill; success; a deletion nobody explained (before the exit code,
     which after a deletion is only the SIGTERM's echo); a non-zero exit; an image that
     cannot be pulled; the node's silence.
     """
-    for match in (match_disruption, match_kubelet_eviction, match_deadline, match_oom,
-                  match_success, match_deletion, match_failed_exit, match_image_pull):
+    for match in (match_disruption, match_queue_eviction, match_kubelet_eviction,
+                  match_deadline, match_oom, match_success, match_deletion, match_failed_exit,
+                  match_image_pull):
         outcome = match(pod)
         if outcome is not None:
             return outcome
@@ -207,7 +236,7 @@ def classify(
 # What to do next, by reason: said once here so every message carries the same advice.
 _ADVICE: Mapping[str, str] = {
     Reason.EVICTED: "The runner pod was evicted",
-    Reason.PREEMPTED: "The runner pod was preempted by a higher-priority pod",
+    Reason.PREEMPTED: "The runner pod was preempted",
     Reason.NODE_LOST: "The runner pod's node stopped reporting",
     Reason.POD_DELETED: "The runner pod was deleted while the run was running",
     Reason.OOM_KILLED: "The runner ran out of memory; raise spec.resources.limits.memory",

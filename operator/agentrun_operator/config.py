@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from agentrun import logs
+from agentrun import logs, policy
 from agentrun.vocabulary import DEFAULT_STALE_SECONDS, DEFAULT_TOLERATION_SECONDS, STORE_AUDIENCE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,6 +41,10 @@ class OperatorConfig:
     store_api_url: str = ""
     store_api_audience: str = STORE_AUDIENCE
     store_api_ca: str = ""
+    # Where the trigger receiver (agentrun-receiver) is served, as senders reach it: an
+    # AgentRunTrigger's status.url is this and /v1/triggers/<namespace>/<name> ("" = not
+    # known: no status.url).
+    receiver_url: str = ""
     # The scripted model lets whoever creates a run choose every tool call: off unless
     # asked for (development clusters, tests, the demo).
     allow_scripted_model: bool = False
@@ -47,6 +54,10 @@ class OperatorConfig:
     runner_image: str = "agentrun/runner:dev"
     runner_command: tuple[str, ...] = ("agentrun-runner",)
     runner_service_account: str = "agentrun-runner"
+    # The runner container's resources when the run's spec.resources sets none (the chart's
+    # runner.resources): what Kueue's quotas and the scheduler count for each attempt.
+    runner_resources: Mapping[str, Any] = field(
+        default_factory=lambda: dict(DEFAULT_RUNNER_RESOURCES))
     namespaces: tuple[str, ...] = ()  # empty: all namespaces
     stale_after: datetime.timedelta = datetime.timedelta(seconds=DEFAULT_STALE_SECONDS)
     toleration_seconds: int = DEFAULT_TOLERATION_SECONDS
@@ -77,7 +88,35 @@ class OperatorConfig:
     # The chart's modelPrices (JSON: {model: {inputUSDPerMillionTokens,
     # outputUSDPerMillionTokens}}), over LiteLLM's price map; given to every runner.
     model_prices: str = ""
+    # The chart's toolPolicy (JSON, as spec.tools): what no Agent or run may loosen
+    # (agentrun.policy); given to every runner.
+    tool_policy: str = ""
     extra_runner_env: dict[str, str] = field(default_factory=dict)
+
+
+# The chart's runner.resources default, and the operator's when it is run without the chart.
+DEFAULT_RUNNER_RESOURCES: Mapping[str, Any] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
+
+
+def runner_resources_of(raw: str) -> dict[str, Any]:
+    """--runner-resources: a container's resources as JSON ({"requests": {...}, "limits":
+    {...}}; {} for none). Raises ValueError with what is wrong."""
+    try:
+        value = json.loads(raw) if raw.strip() else {}
+    except ValueError as e:
+        raise ValueError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError("must be an object with requests and/or limits")
+    unknown = sorted(set(value) - {"requests", "limits"})
+    if unknown:
+        raise ValueError(f"only requests and limits may be set, not {', '.join(unknown)}")
+    for key, amounts in value.items():
+        if not isinstance(amounts, dict) or not all(
+                isinstance(k, str) and isinstance(v, str | int) and not isinstance(v, bool)
+                for k, v in amounts.items()):
+            raise ValueError(f"{key} must map resource names to quantities, such as "
+                             '{"cpu": "100m", "memory": "256Mi"}')
+    return {k: {name: str(q) for name, q in v.items()} for k, v in value.items()}
 
 
 def _env(name: str, default: str) -> str:
@@ -107,6 +146,10 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
                    help="the CA that issued the store API's certificate, given to runner "
                         "pods to verify it (default: .local/store-api/ca.crt; empty: the "
                         "runner image's trusted roots)")
+    p.add_argument("--receiver-url", default=_env("AGENTRUN_RECEIVER_URL", ""),
+                   help="the trigger receiver's address as senders reach it (an ingress's, "
+                        "or the receiver's Service); AgentRunTriggers' status.url is it and "
+                        "/v1/triggers/<namespace>/<name> (empty: no status.url)")
     p.add_argument("--allow-scripted-model", action="store_true",
                    default=_env("AGENTRUN_ALLOW_SCRIPTED_MODEL", "") == "true",
                    help="honour spec.model: scripted (whoever creates a run then chooses "
@@ -121,6 +164,12 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
                    help="the runner pod's command, space-separated")
     p.add_argument("--runner-service-account",
                    default=_env("AGENTRUN_RUNNER_SERVICE_ACCOUNT", "agentrun-runner"))
+    p.add_argument("--runner-resources",
+                   default=_env("AGENTRUN_RUNNER_RESOURCES",
+                                json.dumps(DEFAULT_RUNNER_RESOURCES, separators=(",", ":"))),
+                   help="the runner container's resources when a run's spec.resources sets "
+                        "none, as JSON (default: requests of 100m CPU and 256Mi memory, "
+                        "what Kueue's quotas and the scheduler count; {} for none)")
     p.add_argument("--namespace", action="append", dest="namespaces",
                    default=[n for n in _env("AGENTRUN_NAMESPACES", "").split(",") if n],
                    help="namespace to watch (repeatable; env AGENTRUN_NAMESPACES, "
@@ -179,6 +228,10 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
                    help="prices of models, over LiteLLM's price map (JSON: {model: "
                         "{inputUSDPerMillionTokens, outputUSDPerMillionTokens}}); runners "
                         "estimate each call's cost with them")
+    p.add_argument("--tool-policy", default=_env("AGENTRUN_TOOL_POLICY", ""),
+                   help="what tools do and which need an approval, as no Agent or run may "
+                        "loosen it (JSON: a list of {name, effect, approval, "
+                        "approvalTimeoutSeconds}, as spec.tools; the chart's toolPolicy)")
     a = p.parse_args(argv)
     if a.store_api_listen:
         p.error(f"--store-api-listen={a.store_api_listen}: the operator does not serve the "
@@ -199,6 +252,8 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
         problem = model_prices_problem(a.model_prices)
         if problem:
             p.error(f"--model-prices: {problem}")
+    if policy.rules_problem(a.tool_policy):
+        p.error(f"--tool-policy: {policy.rules_problem(a.tool_policy)}")
     key: bytes | None = None
     if a.input_digest_key_file:
         try:
@@ -208,6 +263,10 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
         if len(key) < 16:
             p.error(f"--input-digest-key-file {a.input_digest_key_file} holds "
                     f"{len(key)} bytes; the key needs at least 16")
+    try:
+        runner_resources = runner_resources_of(a.runner_resources)
+    except ValueError as e:
+        p.error(f"--runner-resources: {e}")
     grace = a.node_lost_grace if a.node_lost_grace >= 0 else float(a.toleration_seconds)
     if not a.database_url:
         p.error("no run store: set --database-url or DATABASE_URL (postgresql+psycopg://... "
@@ -217,11 +276,13 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
         store_api_url=a.store_api_url,
         store_api_audience=a.store_api_audience,
         store_api_ca=ca,
+        receiver_url=a.receiver_url,
         allow_scripted_model=a.allow_scripted_model,
         allow_self_approval=a.allow_self_approval,
         runner_image=a.runner_image,
         runner_command=tuple(a.runner_command.split()),
         runner_service_account=a.runner_service_account,
+        runner_resources=runner_resources,
         namespaces=tuple(a.namespaces),
         stale_after=datetime.timedelta(seconds=a.stale_after),
         toleration_seconds=a.toleration_seconds,
@@ -239,6 +300,7 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
         retention=a.retention,
         input_digest_key=key,
         model_prices=a.model_prices,
+        tool_policy=a.tool_policy,
     )
 
 

@@ -3,7 +3,7 @@
 `decide(run_name, original, already_replayed_by, forced)` takes the facts the handler
 gathered (the original AgentRun's phase and toolsExecuted, whether its input snapshot is
 still in the store, which non-forced replay already holds the approval of this run) and
-returns the decision. No I/O happens here; tests/unit/test_decide.py holds the table, one
+returns the decision. No I/O happens here; tests/operator/test_decide.py holds the table, one
 row per row of api.md's table and one per force combination.
 
 The rows are tried in the API's order, first match wins. The first three refusals hold

@@ -2,7 +2,7 @@
 
 Every handler is a few lines of in-memory work: remember the object, put its key on the
 queue. The reconciles (reconcile.py for AgentRuns, replay.py for AgentRunReplays,
-schedule_reconcile.py for AgentRunSchedules) run in
+schedule_reconcile.py for AgentRunSchedules, trigger_reconcile.py for AgentRunTriggers) run in
 the workers started here, only on the replica that holds the leader Lease when leader
 election is on. kopf is asked to watch and to post Events, and nothing else: there are
 no change-detecting handlers on our kinds, so kopf writes no progress or diff-base
@@ -33,6 +33,7 @@ from agentrun.vocabulary import (
     REPLAY_PLURAL,
     RUN_PLURAL,
     SCHEDULE_PLURAL,
+    TRIGGER_PLURAL,
     VERSION,
     Phase,
     Reason,
@@ -45,10 +46,13 @@ from agentrun_operator.config import OperatorConfig
 from agentrun_operator.informer import Informer, Informers, key_of
 from agentrun_operator.kube import Kube
 from agentrun_operator.leader import LeaderElection
+from agentrun_operator.queue import gated
 from agentrun_operator.reconcile import Context, slim_node, slim_pod, slim_run, work
 from agentrun_operator.replay import reconcile_replay
 from agentrun_operator.schedule_reconcile import index_run, list_schedule_runs, reconcile_schedule
 from agentrun_operator.status import node_ready
+from agentrun_operator.trigger_reconcile import reconcile_trigger
+from agentrun_operator.workloads import Workloads
 
 log = logging.getLogger("agentrun.operator")
 # Threads for the (synchronous) Kubernetes client: reconciles, informers and the store
@@ -137,7 +141,17 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
             key = key_of(pod)
             if deleted:
                 ctx.gone[key] = pod
+            elif not ctx.workloads.running and gated(pod):
+                # Kueue holds this pod and its Workloads are not watched yet: Kueue was
+                # installed after this operator started.
+                ctx.workloads.look()
             ctx.queue.add(("run", key[0], run))
+
+        def on_workload_pod(key: tuple[str, str]) -> None:
+            pod = ctx.pods.get(key) if ctx.pods is not None else None
+            run = ((pod or {}).get("metadata", {}).get("labels") or {}).get(LABEL_RUN)
+            if run:
+                ctx.queue.add(("run", key[0], run))
 
         readiness: dict[str, bool] = {}
 
@@ -160,6 +174,9 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
         # outright are listed one by one (the operator may then hold a Role in each and
         # nothing cluster-wide); patterns need the cluster-wide list, filtered here.
         named = named_namespaces(config.namespaces)
+        memo.tasks = []
+        ctx.workloads = Workloads(kube.api, named=named, watched=watched,
+                                  on_pod=on_workload_pod)
         if named:
             ctx.pods = Informers([
                 Informer(f"pods-{ns}", functools.partial(core.list_namespaced_pod, ns),
@@ -173,7 +190,10 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
                              on_change=on_node).start()
         await asyncio.wait_for(asyncio.gather(ctx.pods.synced.wait(), ctx.nodes.synced.wait()),
                                timeout=120)
-        memo.tasks = []
+        # Kueue's Workloads, if Kueue is installed (else looked for again on each resync).
+        if await ctx.workloads.start():
+            with contextlib.suppress(TimeoutError):  # the runs say "queued" meanwhile
+                await asyncio.wait_for(ctx.workloads.informer.synced.wait(), timeout=60)
 
         async def lead() -> None:
             # The leader alone acts: the reconciles and the daily purge. First the runs of
@@ -183,6 +203,7 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
             memo.workers = [asyncio.create_task(work(ctx, {"replay": reconcile_replay,
                                                            "approval": reconcile_approval,
                                                            "schedule": reconcile_schedule,
+                                                           "trigger": reconcile_trigger,
                                                            "agent": reconcile_agent}))
                             for _ in range(config.workers)]
             memo.workers.append(asyncio.create_task(retention.purge_daily(ctx)))
@@ -225,6 +246,7 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
             await asyncio.to_thread(memo.election.release)
         memo.ctx.pods.stop()
         memo.ctx.nodes.stop()
+        memo.ctx.workloads.stop()
         await memo.ctx.engine.dispose()
 
     @kopf.on.event(GROUP, VERSION, RUN_PLURAL, registry=registry)
@@ -252,6 +274,10 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
     @kopf.on.event(GROUP, VERSION, SCHEDULE_PLURAL, registry=registry)
     async def schedule_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         _observe(memo.ctx, memo.ctx.schedules, "schedule", type, body, _whole)
+
+    @kopf.on.event(GROUP, VERSION, TRIGGER_PLURAL, registry=registry)
+    async def trigger_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        _observe(memo.ctx, memo.ctx.triggers, "trigger", type, body, _whole)
 
     @kopf.on.event(GROUP, VERSION, AGENT_PLURAL, registry=registry)
     async def agent_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
@@ -288,8 +314,8 @@ def _observe(ctx: Context, cache: dict[tuple[str, str], dict[str, Any]], kind: s
 
 
 def resync_all(ctx: Context) -> None:
-    """Every run and replay with something possibly left to do, and every schedule, on
-    the queue."""
+    """Every run and replay with something possibly left to do, and every schedule and
+    trigger, on the queue."""
     for (namespace, name), run in list(ctx.runs.items()):
         if _needs_look(run):
             ctx.queue.add(("run", namespace, name))
@@ -303,6 +329,8 @@ def resync_all(ctx: Context) -> None:
             ctx.queue.add(("replay", namespace, name))
     for namespace, name in list(ctx.schedules):
         ctx.queue.add(("schedule", namespace, name))
+    for namespace, name in list(ctx.triggers):
+        ctx.queue.add(("trigger", namespace, name))
 
 
 async def _resync_forever(ctx: Context) -> None:
@@ -310,6 +338,8 @@ async def _resync_forever(ctx: Context) -> None:
     (jittered, so that replicas and restarts do not sweep in step)."""
     while True:
         await asyncio.sleep(ctx.config.check_interval * random.uniform(0.9, 1.1))
+        if ctx.workloads is not None and not ctx.workloads.running:
+            await ctx.workloads.start()  # Kueue may have been installed since
         resync_all(ctx)
 
 

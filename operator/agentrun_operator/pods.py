@@ -16,6 +16,7 @@ from agentrun.vocabulary import (
     STORE_TOKEN_DIR,
     STORE_TOKEN_FILE,
     STORE_TOKEN_SECONDS,
+    Kueue,
     RunnerEnv,
 )
 from agentrun_operator.config import OperatorConfig
@@ -87,6 +88,12 @@ def runner_env(user_env: Sequence[Mapping[str, Any]], identity: Mapping[str, str
             *headers]
 
 
+def queue_labels(run_labels: Mapping[str, str]) -> dict[str, str]:
+    """The run's Kueue labels (its LocalQueue, its WorkloadPriorityClass) that each of its
+    runner pods carries."""
+    return {k: str(run_labels[k]) for k in Kueue.LABELS if run_labels.get(k)}
+
+
 def runner_pod(
     run: Mapping[str, Any],
     attempt: int,
@@ -105,6 +112,8 @@ def runner_pod(
     labels = {LABEL_RUN: meta["name"], LABEL_ATTEMPT: str(attempt)}
     if spec.get("replayOf"):
         labels[LABEL_REPLAY_OF] = spec["replayOf"]
+    # Kueue's pod integration admits each attempt against the run's LocalQueue.
+    labels.update(queue_labels(meta.get("labels") or {}))
 
     identity = {
         RunnerEnv.NAMESPACE: meta["namespace"],
@@ -126,6 +135,7 @@ def runner_pod(
         RunnerEnv.LIMITS: json.dumps(spec.get("limits") or {}, separators=(",", ":")),
         RunnerEnv.MODEL_PRICES: config.model_prices,
         RunnerEnv.AGENT_DIGEST: agent_digest or "",
+        RunnerEnv.TOOL_POLICY: config.tool_policy,
     }
     env = runner_env(spec.get("env") or [], identity, config.extra_runner_env, agent_env)
 
@@ -145,8 +155,9 @@ def runner_pod(
                          {"name": STORE_TOKEN_VOLUME, "mountPath": STORE_TOKEN_DIR,
                           "readOnly": True}],
     }
-    if spec.get("resources"):
-        container["resources"] = spec["resources"]
+    resources = spec.get("resources") or config.runner_resources
+    if resources:
+        container["resources"] = json.loads(json.dumps(resources))
 
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",

@@ -52,11 +52,13 @@ from agentrun.vocabulary import (
     RUN_PLURAL,
     SCRIPTED_MODEL,
     ApprovalDecision,
+    Condition,
     Phase,
     Reason,
     RunStatus,
 )
 from agentrun_operator import events, metrics, ttl
+from agentrun_operator import queue as queues
 from agentrun_operator import status as st
 from agentrun_operator.agents import pin as agent_pin
 from agentrun_operator.classify import Outcome, classify
@@ -132,8 +134,13 @@ class Context:
     # then, a schedule asks the API server for its runs before it starts one.
     schedule_runs_listed: bool = False
     agents: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    # AgentRunTriggers: their status is written here, and their runs are kept at least
+    # their dedupeWindowSeconds (ttl.dedupe_left).
+    triggers: dict[Key, dict[str, Any]] = field(default_factory=dict)
     pods: Informer | Informers | None = None
     nodes: Informer | None = None
+    # Kueue's Workloads (workloads.Workloads), once Kueue's CRDs are found served.
+    workloads: Any = None
     # Pods we created and the pod informer has not shown yet: (namespace, pod) -> when.
     expected: dict[Key, float] = field(default_factory=dict)
     # The last state of runner pods deleted while we were watching.
@@ -176,6 +183,10 @@ class Context:
             return self.nodes.get(("", name))
         return await self.kube.read_node(name)
 
+    def workload_of(self, pod: dict[str, Any]) -> dict[str, Any] | None:
+        """The Workload Kueue made for a runner pod, if Kueue runs here and made one."""
+        return self.workloads.of(pod) if self.workloads is not None else None
+
     def pods_of(self, namespace: str, run: str) -> list[dict[str, Any]]:
         if self.pods is None:
             return []
@@ -206,8 +217,10 @@ def slim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
     keep = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp", "labels",
             "annotations", "ownerReferences", "creationTimestamp")
     spec = obj.get("spec") or {}
-    return {"metadata": {k: meta[k] for k in keep if k in meta},
-            "spec": {"nodeName": spec.get("nodeName")},
+    kept: dict[str, Any] = {"nodeName": spec.get("nodeName")}
+    if spec.get("schedulingGates"):  # Kueue's admission gate (queue.py)
+        kept["schedulingGates"] = spec["schedulingGates"]
+    return {"metadata": {k: meta[k] for k in keep if k in meta}, "spec": kept,
             "status": dict(obj.get("status") or {})}
 
 
@@ -405,6 +418,8 @@ async def _follow(ctx: Context, run: Mapping[str, Any]) -> float | None:
     outcome = classify(pod, node, now(), ctx.config.node_lost_grace)
     if outcome is not None and outcome.terminal:
         return await _finish(ctx, run, attempt, outcome)
+    if await _show_queue(ctx, run, pod):
+        return 0
     held: float | None = None
     if outcome is not None and outcome.phase == Phase.RUNNING:
         if status.get("phase") == Phase.PENDING:
@@ -421,18 +436,39 @@ async def _follow(ctx: Context, run: Mapping[str, Any]) -> float | None:
             await _write(ctx, run, st.live_status(Phase.PENDING, *waiting, now(), status))
             events.post(run, waiting[0], waiting[1], warning=True)
             return 0
-    left = _next_look(ctx, run, node)
+    left = _next_look(ctx, run, node, pod)
     if left <= 0:
         return await _finish(ctx, run, attempt, Outcome(
             Phase.FAILED, Reason.STALE, st.stale_message(ctx.config.stale_after)))
     return left if held is None else min(left, held)
 
 
-def _next_look(ctx: Context, run: Mapping[str, Any], node: Mapping[str, Any] | None) -> float:
-    """When to look again without an event: the stale deadline, or soon for a silent
-    node (its pods fail NodeLost once the grace has passed)."""
+async def _show_queue(ctx: Context, run: Mapping[str, Any], pod: dict[str, Any]) -> bool:
+    """Kueue's admission of the attempt's pod, on the run when it changed (queue.py):
+    Pending/Queued with Admitted False and Kueue's message, or Admitted True. Returns
+    whether it wrote."""
+    changes = queues.queue_status(pod, ctx.workload_of(pod), run.get("status") or {}, now())
+    if changes is None:
+        return False
+    before = (run.get("status") or {}).get("reason")
+    await _write(ctx, run, changes)
+    if changes.get("reason") == Reason.QUEUED and before != Reason.QUEUED:
+        events.post(run, Reason.QUEUED, changes["message"])
+    elif "reason" not in changes:
+        events.post(run, Condition.ADMITTED, next(
+            c["message"] for c in changes["conditions"] if c["type"] == Condition.ADMITTED))
+    return True
+
+
+def _next_look(ctx: Context, run: Mapping[str, Any], node: Mapping[str, Any] | None,
+               pod: Mapping[str, Any] | None = None) -> float:
+    """When to look again without an event: the stale deadline (not counted while the
+    attempt waits in Kueue's queue), or soon for a silent node (its pods fail NodeLost
+    once the grace has passed)."""
     meta, status = run["metadata"], run.get("status") or {}
-    started = _since(status.get("startedAt") or meta.get("creationTimestamp")) or now()
+    if pod is not None and queues.gated(pod):
+        return ctx.config.stale_after.total_seconds()
+    started = queues.stale_clock(status, meta.get("creationTimestamp")) or now()
     left = (started + ctx.config.stale_after - now()).total_seconds()
     if left > 0 and node is not None and not st.node_ready(node):
         left = min(left, NODE_RECHECK)
@@ -724,16 +760,21 @@ async def _after_settle(ctx: Context, run: Mapping[str, Any], attempt: int, phas
         reason, message = Reason.AGENT_ERROR, (
             f"{message} The runner said a call waits for an approval, and none was written "
             "down: the run cannot wait for it.")
-    # Attempts that followed an approval's decision are not counted against maxAttempts.
-    spent = attempt - await _decided_calls(ctx, run["metadata"]["uid"], attempt)
+    # Attempts that followed an approval's decision, and preempted ones, are not counted
+    # against maxAttempts.
+    preempted = queues.preempted_attempts(status, attempt, reason)
+    kept = {"preemptedAttempts": preempted} if preempted else {}
+    spent = attempt - await _decided_calls(ctx, run["metadata"]["uid"], attempt) \
+        - len(preempted)
     resume = await _resume_decision(ctx, run, attempt, phase, reason, tools, spent)
     if resume is not None and resume.approved:
         following = attempt + 1
         said = f"Attempt {attempt} failed ({reason}); attempt {following} resumes it. " \
-            + resume.message
+            + resume.message + queues.preemption_note(reason, message)
         changes = st.live_status(Phase.PENDING, Reason.RESUMING, said, now(), status,
                                  attempts=following, resumedAttempts=[
-                                     *(status.get("resumedAttempts") or []), following])
+                                     *(status.get("resumedAttempts") or []), following],
+                                 **kept)
         changes["conditions"] = [
             *[c for c in changes["conditions"] if c.get("type") != st.Condition.RESUMABLE],
             st.resumable_condition(True, resume.reason, resume.message, now(), status)]
@@ -745,15 +786,15 @@ async def _after_settle(ctx: Context, run: Mapping[str, Any], attempt: int, phas
     if st.should_retry(spec, spent, phase, reason, tools):
         following = attempt + 1
         said = (f"Attempt {attempt} failed ({reason}) before calling any tool; starting "
-                f"attempt {following}.")
+                f"attempt {following}.") + queues.preemption_note(reason, message)
         await _write(ctx, run, st.live_status(Phase.PENDING, Reason.RETRYING, said, now(),
-                                              status, attempts=following))
+                                              status, attempts=following, **kept))
         events.post(run, Reason.RETRYING, said, warning=True)
         _log(run, "retry", attempt=following, after=reason)
         metrics.retried(reason)
         return 0
     settled = st.settled_status(phase, reason, message, tools, now(), status, attempts=attempt,
-                                **await _published_ledger(ctx, run, tools),
+                                **kept, **await _published_ledger(ctx, run, tools),
                                 **await _outcome(ctx, run))
     if resume is not None:  # asked to resume, and refused: say why, on the run
         settled["conditions"] = [
@@ -1041,7 +1082,10 @@ async def _collect_pods(ctx: Context, run: Mapping[str, Any]) -> float | None:
     is (ttl.py); returns when the nearer of the two is due, None when nothing is left."""
     meta = run["metadata"]
     since = ttl.settled_at(run)
-    pods = [p for p in ctx.pods_of(meta["namespace"], meta["name"]) if owns(run, p)]
+    # A pod already deleting is not deleted again (Kueue's finalizer may hold it while
+    # Kueue is down).
+    pods = [p for p in ctx.pods_of(meta["namespace"], meta["name"]) if owns(run, p)
+            and not p["metadata"].get("deletionTimestamp")]
     pods_left = ttl.seconds_left(since, ctx.config.pod_ttl_after_finished, now()) if pods \
         else None
     if pods_left is not None and pods_left <= 0:
@@ -1049,8 +1093,9 @@ async def _collect_pods(ctx: Context, run: Mapping[str, Any]) -> float | None:
             await ctx.kube.delete_pod(meta["namespace"], pod["metadata"]["name"],
                                       pod["metadata"]["uid"])
         pods_left = None
-    run_left = ttl.seconds_left(
-        since, ttl.run_ttl(run.get("spec") or {}, ctx.config.run_ttl_after_finished), now())
+    run_left = ttl.at_least(ttl.seconds_left(
+        since, ttl.run_ttl(run.get("spec") or {}, ctx.config.run_ttl_after_finished), now()),
+        ttl.dedupe_left(run, ctx.triggers, now()))
     if run_left is not None and run_left <= 0:
         return await _expire(ctx, run)
     due = [left for left in (pods_left, run_left) if left is not None]

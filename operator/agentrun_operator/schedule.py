@@ -3,7 +3,7 @@
 `schedule_decide(schedule, runs, now, slots)` takes the facts the reconcile gathered (the
 schedule's spec and status, the AgentRuns that carry its label, the clock, the parsed
 slots) and returns the one next action, and when the next slot comes due. No I/O happens
-here; tests/unit/test_schedule.py holds the table, one row per rule below.
+here; tests/operator/test_schedule.py holds the table, one row per rule below.
 
 The slot in question is the latest that came due since the last one dealt with
 (status.lastSlotTime, else the schedule's creation). Rules, first match wins:

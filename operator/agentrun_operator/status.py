@@ -131,7 +131,7 @@ def live_status(
         "conditions": [succeeded_condition(phase, reason, message, now, before),
                        *[c for c in before if c.get("type") in (
                            Condition.TOOLS_EXECUTED, Condition.RESUMABLE,
-                           Condition.APPROVAL_PENDING, *GITOPS_TYPES)]],
+                           Condition.APPROVAL_PENDING, Condition.ADMITTED, *GITOPS_TYPES)]],
     }
 
 
@@ -148,7 +148,8 @@ def settled_status(
         "conditions": [succeeded_condition(phase, reason, message, now, before),
                        tools_condition(tools, now, before),
                        *[c for c in before if c.get("type") in (
-                           Condition.RESUMABLE, Condition.APPROVAL_PENDING, *GITOPS_TYPES)]],
+                           Condition.RESUMABLE, Condition.APPROVAL_PENDING,
+                           Condition.ADMITTED, *GITOPS_TYPES)]],
     }
 
 

@@ -17,7 +17,7 @@ import json
 import mimetypes
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,9 @@ class RunnerConfig:
     model_prices: dict[str, Price] = field(default_factory=dict)
     # The Agent snapshot the run pinned (None: an agent of the image's agents directory).
     agent_digest: str | None = None
+    # The chart's toolPolicy (as spec.tools entries): the most trusted source of what a
+    # tool does and whether it waits for an approval (agentrun.policy).
+    tool_policy: list[dict[str, Any]] = field(default_factory=list)
 
 
 class UsageError(ValueError):
@@ -169,7 +172,15 @@ def parse_config(argv: Sequence[str] | None, environ: dict[str, str]) -> RunnerC
         limits=_limits(environ.get(RunnerEnv.LIMITS) or ""),
         model_prices=_prices(environ.get(RunnerEnv.MODEL_PRICES) or ""),
         agent_digest=environ.get(RunnerEnv.AGENT_DIGEST) or None,
+        tool_policy=_tool_policy(environ.get(RunnerEnv.TOOL_POLICY) or ""),
     )
+
+
+def _tool_policy(raw: str) -> list[dict[str, Any]]:
+    try:
+        return [dict(rule) for rule in policy.chart_rules(raw)]
+    except ValueError as e:
+        raise UsageError(f"{RunnerEnv.TOOL_POLICY}: {e}") from None
 
 
 def _limits(raw: str) -> Limits:
@@ -372,8 +383,8 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
     # A run only tightens (agentrun.policy): checked here, where the image's code is known,
     # before the first model call; nothing has run, so toolsExecuted is [].
     loosened = policy.first_violation([
-        code_declarations(root_agent), policy.of_rules(policy.AGENT, loaded.effects),
-        run_declarations(config)])
+        policy.of_rules(policy.CHART, config.tool_policy), code_declarations(root_agent),
+        policy.of_rules(policy.AGENT, loaded.effects), run_declarations(config)])
     if loosened is not None:
         failure = Failure(RunnerExit.POLICY_VIOLATION, Reason.POLICY_VIOLATION,
                           f"Run of {named.agent}: {loosened.message}")
@@ -382,9 +393,7 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
                 await server.toolset.close()
         await _report(client, failure)
         return _refuse(failure.code, "policy.violation", failure.message)
-    # An Agent's rules under the run's own spec.tools, tool by tool.
-    tool_effects = {**_tool_effects(json.dumps(loaded.rules)), **config.tool_effects}
-    tool_approvals = {**_tool_approvals(json.dumps(loaded.rules)), **config.tool_approvals}
+    tool_effects, tool_approvals = applied_rules(config, loaded, code_declarations(root_agent))
 
     why = unpriced(config.limits, sorted({str(m.model) for m in models.values()}),
                    config.model_prices)
@@ -543,6 +552,35 @@ def code_declarations(root: Any) -> dict[str, policy.Declared]:
             if declared.effect is not None or declared.approval is not None:
                 found[name] = declared
     return found
+
+
+def applied_rules(config: RunnerConfig, loaded: Loaded, code: Mapping[str, policy.Declared],
+                  ) -> tuple[dict[str, str], dict[str, ApprovalRule]]:
+    """What the ledger applies to each tool once no source loosens another
+    (agentrun.policy.effective): the strictest effect the chart's policy, the image's code,
+    the Agent (its effects, and its built-ins' effects) or the run says; and an approval
+    when the chart, the Agent or the run requires one (the timeout the least trusted of
+    them gives). The code's own requirement (`@requires_approval`, ADK's
+    `require_confirmation`, which a callable makes conditional) is asked of the code at
+    each call: none of the others may lift it, so it needs no entry here."""
+    chart, agent = config.tool_policy, loaded.rules
+    sources = [policy.of_rules(policy.CHART, chart), dict(code),
+               policy.of_rules(policy.AGENT, agent), run_declarations(config)]
+    timeouts = {**_tool_approvals(json.dumps(chart)), **_tool_approvals(json.dumps(agent)),
+                **config.tool_approvals}
+    tool_effects: dict[str, str] = {}
+    tool_approvals: dict[str, ApprovalRule] = {}
+    for name in sorted({name for said in sources for name in said}):
+        said = [source[name] for source in sources if name in source]
+        effect = policy.effective(said).effect
+        if effect is not None:
+            tool_effects[name] = effect
+        required = policy.effective([d for d in said if d.source != policy.CODE]).approval
+        if required is not None:
+            rule = timeouts.get(name)
+            tool_approvals[name] = ApprovalRule(required, rule.timeout_seconds if rule else
+                                                Approval.DEFAULT_TIMEOUT_SECONDS)
+    return tool_effects, tool_approvals
 
 
 def run_declarations(config: RunnerConfig) -> dict[str, policy.Declared]:

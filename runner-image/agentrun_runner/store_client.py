@@ -37,7 +37,9 @@ from agentrun_runner.stops import AttemptStop
 # refused) is sent again, for about 8 s in all (then the run fails saying so: a store API
 # that is not there at all should show on the run soon, not after minutes). A request
 # that may have arrived is never repeated blindly: the ledger decides what a repeated call
-# means (store API open_call).
+# means (store API open_call). Only one that means the same however often it arrives (a
+# read, a delete, the attempt's begin: an upsert) is sent again when the store API went
+# away before it answered (its process ended mid-request).
 CONNECT_RETRIES = 5
 CONNECT_BACKOFF_SECONDS = 0.25
 CONNECT_BACKOFF_MAX_SECONDS = 4.0
@@ -136,10 +138,10 @@ class StoreClient:
 
     async def request(self, method: str, path: str, body: Any = None, *,
                       raw: bytes | None = None, params: Mapping[str, Any] | None = None,
-                      missing_ok: bool = False) -> Any:
+                      missing_ok: bool = False, repeatable: bool = False) -> Any:
         await self._land()
         return await self._send(method, path, body, raw=raw, params=params,
-                                missing_ok=missing_ok)
+                                missing_ok=missing_ok, repeatable=repeatable)
 
     # -- held turns --------------------------------------------------------------------------
 
@@ -192,7 +194,10 @@ class StoreClient:
 
     async def _send(self, method: str, path: str, body: Any = None, *,
                     raw: bytes | None = None, params: Mapping[str, Any] | None = None,
-                    missing_ok: bool = False) -> Any:
+                    missing_ok: bool = False, repeatable: bool = False) -> Any:
+        """One request. `repeatable` (and every GET or DELETE): it may be sent again when
+        the store API went away before answering, as it means the same twice."""
+        repeatable = repeatable or method in ("GET", "DELETE")
         headers = {"Authorization": f"Bearer {self._token()}"}
         content = raw if raw is not None else (
             None if body is None else json.dumps(body).encode())
@@ -211,6 +216,12 @@ class StoreClient:
                 if attempt == CONNECT_RETRIES:
                     raise StoreUnreachable(
                         f"the store API at {self.url} cannot be reached: {e}") from e
+                await asyncio.sleep(min(CONNECT_BACKOFF_MAX_SECONDS,
+                                        CONNECT_BACKOFF_SECONDS * 2 ** attempt))
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+                if not repeatable or attempt == CONNECT_RETRIES:
+                    raise StoreUnreachable(f"the store API at {self.url} failed: "
+                                           f"{type(e).__name__}: {e}") from e
                 await asyncio.sleep(min(CONNECT_BACKOFF_MAX_SECONDS,
                                         CONNECT_BACKOFF_SECONDS * 2 ** attempt))
             except (aiohttp.ClientError, TimeoutError) as e:
@@ -234,7 +245,8 @@ class StoreClient:
 
     async def begin(self) -> AttemptStart:
         """The runner's first call: records that it started, and who it is."""
-        return AttemptStart.from_wire(await self.request("POST", "/v1/attempt/begin", {}))
+        return AttemptStart.from_wire(
+            await self.request("POST", "/v1/attempt/begin", {}, repeatable=True))
 
     async def record_invocation(self, invocation_id: str) -> None:
         await self.request("POST", "/v1/attempt/invocation", {"invocationId": invocation_id})

@@ -50,9 +50,10 @@ TOKEN_REVIEWS = Counter(
 
 
 # A run's model usage, as its runner reports each call (agentrun_store_api.routes.usage):
-# namespace and agent as the store recorded them for the attempt, the model as the runner
-# names it, as a label only when the price map or the chart's modelPrices knows it
-# (model_label): a runner names its model, and the label set must stay bounded.
+# namespace and agent as the store recorded them for the attempt (an agent's name a label
+# for the first few of a namespace: agent_label), the model as the runner names it, as a
+# label only when the price map or the chart's modelPrices knows it (model_label): a
+# runner names its model, a tenant its Agents, and the label set must stay bounded.
 MODEL_CALLS = Counter(
     "agentrun_model_calls_total", "Model calls of runs, by namespace, agent and model.",
     ["namespace", "agent", "model"])
@@ -119,6 +120,24 @@ def model_label(model: str) -> str:
     bare = model.split("/", 1)[1] if "/" in model else ""
     if bare in _PRICED or bare in known:
         return bare
+    return "other"
+
+
+# Agent names one namespace's usage is labelled with; past them, `other`. An agent's name is
+# its creator's to choose (every new Agent a new name), so the label set is bounded here.
+AGENT_LABELS_PER_NAMESPACE = 64
+_AGENTS: dict[str, set[str]] = {}
+
+
+def agent_label(namespace: str, agent: str) -> str:
+    """An agent's name as a label value: the first AGENT_LABELS_PER_NAMESPACE names one
+    namespace reports usage of (since the store API started) as they are, then `other`."""
+    seen = _AGENTS.setdefault(namespace, set())
+    if agent in seen:
+        return agent
+    if len(seen) < AGENT_LABELS_PER_NAMESPACE:
+        seen.add(agent)
+        return agent
     return "other"
 
 

@@ -649,7 +649,7 @@ class Routes:
                                f"{calls:,} model calls: one attempt may report at most "
                                f"{limits.MODEL_CALLS_PER_ATTEMPT:,}")
         label = metrics.model_label(model)
-        who = (caller.namespace, caller.agent, label)
+        who = (caller.namespace, metrics.agent_label(caller.namespace, caller.agent), label)
         metrics.MODEL_CALLS.labels(*who).inc()
         metrics.MODEL_TOKENS.labels(*who, "input").inc(numbers[0])
         metrics.MODEL_TOKENS.labels(*who, "output").inc(numbers[1])

@@ -103,6 +103,16 @@ PHASES = {
         "suspended": ("Suspended", kstatus.CURRENT),
         "invalid": ("Degraded", kstatus.FAILED),
     },
+    # docs/triggers.md: Listening, Suspended, or Stalled with the reason (its Secret, its
+    # spec); the receiver may write its counters before the operator writes conditions.
+    "agentrun.dev/AgentRunTrigger": {
+        "created": ("Progressing", kstatus.CURRENT),
+        "unobserved": ("Progressing", kstatus.IN_PROGRESS),
+        "listening": ("Healthy", kstatus.CURRENT),
+        "suspended": ("Suspended", kstatus.CURRENT),
+        "secret-missing": ("Degraded", kstatus.FAILED),
+        "invalid": ("Degraded", kstatus.FAILED),
+    },
     # docs/agents.md: Ready, or Stalled with the reason (the definition, or a Secret).
     "agentrun.dev/Agent": {
         "created": ("Progressing", kstatus.CURRENT),

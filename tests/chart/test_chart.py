@@ -235,6 +235,24 @@ def test_the_operator_sends_runners_to_the_store_api_and_holds_no_runner_secret(
     assert "--allow-self-approval" in container(alone, "agentrun-operator")["args"]
 
 
+def test_runner_pods_request_the_chart_runner_resources(control_plane: ControlPlane) -> None:
+    """runner.resources reaches the operator, which gives it to every runner pod whose run
+    sets no spec.resources (what the scheduler and Kueue's quotas count)."""
+    def flag(*sets: str) -> Any:
+        args = container(objects(control_plane, "postgres.enabled=true", *sets),
+                         "agentrun-operator")["args"]
+        [given] = [a for a in args if a.startswith("--runner-resources=")]
+        return json.loads(given.split("=", 1)[1])
+
+    assert flag() == {"requests": {"cpu": "100m", "memory": "256Mi"}}
+    # A number is a quantity too (the operator reads it as one).
+    assert flag("runner.resources.requests.cpu=1", "runner.resources.limits.memory=1Gi") == {
+        "requests": {"cpu": 1, "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+    refused = helm(control_plane, "template", "agentrun", str(CHART), "--namespace", NAMESPACE,
+                   "--set", "postgres.enabled=true", "--set", "runner.resources.cpu=1")
+    assert refused.returncode != 0 and "resources" in refused.stderr
+
+
 def _env(found: Objects, deployment: str, name: str) -> dict[str, Any]:
     [entry] = [e for e in container(found, deployment)["env"] if e["name"] == name]
     return entry
@@ -318,8 +336,10 @@ def _namespaced_resources(plane: ControlPlane) -> set[str]:
 def test_the_operator_reads_secrets_cluster_wide_only_when_it_watches_everything(
         control_plane: ControlPlane) -> None:
     everywhere = objects(control_plane, "postgres.enabled=true")
-    assert [k[1] for k, d in everywhere.items() if k[0] == "ClusterRole" and _reads_secrets(d)] == [
-        "agentrun-operator-namespaced"]
+    # The operator (input files) and the trigger receiver (the Secret a trigger's auth
+    # names), and no one else.
+    assert {k[1] for k, d in everywhere.items() if k[0] == "ClusterRole" and _reads_secrets(d)
+            } == {"agentrun-operator-namespaced", "agentrun-receiver"}
 
     listed = objects(control_plane, "postgres.enabled=true", "operator.namespaces={team-a,team-b}")
     assert not [k for k, d in listed.items() if k[0] == "ClusterRole" and _reads_secrets(d)]
@@ -511,6 +531,98 @@ def test_a_schedule_whose_runs_would_run_an_image_outside_the_list_is_refused(
                            "allow-list", check=False)
 
 
+# -- the cluster's tool policy (toolPolicy) ----------------------------------------------------
+
+TOOL_POLICY = ("toolPolicy[0].name=charge_card", "toolPolicy[0].approval=Required",
+               "toolPolicy[1].name=update_crm", "toolPolicy[1].effect=Idempotent")
+
+
+def test_a_tool_policy_reaches_the_operator_and_admission(control_plane: ControlPlane) -> None:
+    found = objects(control_plane, "postgres.enabled=true", *TOOL_POLICY)
+    [given] = [a for a in container(found, "agentrun-operator")["args"]
+               if a.startswith("--tool-policy=")]
+    assert json.loads(given.removeprefix("--tool-policy=")) == [
+        {"name": "charge_card", "approval": "Required"},
+        {"name": "update_crm", "effect": "Idempotent"}]
+    assert ("ValidatingAdmissionPolicy", "agentrun-tool-policy", None) in found
+    none = objects(control_plane, "postgres.enabled=true")
+    assert not [a for a in container(none, "agentrun-operator")["args"]
+                if a.startswith("--tool-policy")]
+    assert ("ValidatingAdmissionPolicy", "agentrun-tool-policy", None) not in none
+
+
+@pytest.fixture
+def tool_policy(crds: ControlPlane) -> Iterator[ControlPlane]:
+    """The chart's tool-policy admission, as rendered, in force on the control plane;
+    removed, and no longer in force, afterwards."""
+    found = objects(crds, "postgres.enabled=true", *TOOL_POLICY)
+    rendered = [found[(kind, "agentrun-tool-policy", None)] for kind in (
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
+    manifest = "---\n".join(yaml.safe_dump(d) for d in rendered)
+    crds.kubectl("create", "namespace", "tool-policy", check=False)
+    crds.kubectl("apply", "-f", "-", input=manifest)
+    probe = _tools_run("probe", [{"name": "charge_card", "approval": "None"}])
+    _until(lambda: "agentrun-tool-policy" in _dry_run(crds, "tool-policy", probe).stderr,
+           "enforced")
+    try:
+        yield crds
+    finally:
+        crds.kubectl("delete", "-f", "-", input=manifest, check=False)
+        _until(lambda: _dry_run(crds, "tool-policy", probe).returncode == 0,
+               "no longer enforced")
+
+
+def _tools_run(name: str, tools: list[dict[str, str]]) -> dict[str, Any]:
+    run = _run(name, None)
+    run["spec"]["tools"] = tools
+    return run
+
+
+@pytest.mark.parametrize(("kind", "entries", "said"), [
+    ("AgentRun", [{"name": "charge_card", "approval": "None"}],
+     "AgentRun spec.tools loosens the tool policy of this cluster (the chart value "
+     "toolPolicy) for charge_card: the policy says charge_card approval Required"),
+    ("AgentRun", [{"name": "lookup", "effect": "ReadOnly"},
+                  {"name": "update_crm", "effect": "ReadOnly"}],
+     "AgentRun spec.tools loosens the tool policy of this cluster (the chart value "
+     "toolPolicy) for update_crm: the policy says update_crm Idempotent"),
+    ("AgentRunSchedule", [{"name": "charge_card", "approval": "None"}],
+     "AgentRunSchedule spec.runTemplate.spec.tools loosens the tool policy of this cluster"),
+    ("Agent", [{"name": "update_crm", "effect": "ReadOnly", "approval": "Required"}],
+     "Agent spec.effects loosens the tool policy of this cluster"),
+], ids=["a run lifts an approval", "a run names a less strict effect",
+        "a schedule's template", "an Agent's effects"])
+def test_what_loosens_the_tool_policy_is_refused_at_admission(
+        tool_policy: ControlPlane, kind: str, entries: list[dict[str, str]],
+        said: str) -> None:
+    done = _dry_run(tool_policy, "tool-policy", _with_entries(kind, entries))
+    assert done.returncode != 0
+    assert said in done.stderr, done.stderr
+    assert "never lift an approval or name a less strict effect" in done.stderr
+
+
+@pytest.mark.parametrize("kind", ["AgentRun", "AgentRunSchedule", "Agent"])
+def test_what_tightens_the_tool_policy_or_names_other_tools_is_admitted(
+        tool_policy: ControlPlane, kind: str) -> None:
+    entries = [{"name": "charge_card", "effect": "Effectful", "approval": "Required"},
+               {"name": "update_crm", "effect": "Effectful"},
+               {"name": "lookup", "effect": "ReadOnly", "approval": "None"}]
+    done = _dry_run(tool_policy, "tool-policy", _with_entries(kind, entries))
+    assert done.returncode == 0, done.stderr
+
+
+def _with_entries(kind: str, entries: list[dict[str, str]]) -> dict[str, Any]:
+    if kind == "AgentRun":
+        return _tools_run("triage-42", entries)
+    if kind == "AgentRunSchedule":
+        schedule = _schedule("nightly", None)
+        schedule["spec"]["runTemplate"]["spec"]["tools"] = entries
+        return schedule
+    return {"apiVersion": "agentrun.dev/v1alpha1", "kind": "Agent",
+            "metadata": {"name": "triage"},
+            "spec": {"instruction": "Look the customer up.", "effects": entries}}
+
+
 # -- a real install and upgrade ---------------------------------------------------------------
 
 
@@ -654,11 +766,34 @@ OPERATOR_RIGHTS: list[tuple[tuple[str, ...], bool]] = [
     (("create", "agentrunapprovals.agentrun.dev", "-n", "tenant"), False),
     # A replay is decided for its requester (replay.py asks the authorizer about them).
     (("create", "subjectaccessreviews.authorization.k8s.io"), True),
+    # The CRD that says whether Kueue is installed (workloads.py).
+    (("get", "customresourcedefinitions.apiextensions.k8s.io/workloads.kueue.x-k8s.io"),
+     True),
     # Nothing it does not need.
     (("delete", "agentrunschedules.agentrun.dev", "-n", "tenant"), False),
     (("list", "secrets", "-n", "tenant"), False),
     (("delete", "nodes"), False),
 ]
+
+
+# Kueue's Workloads: why a run's attempt waits in its queue (workloads.py). Kueue is not
+# installed here, and `kubectl auth can-i` answers "no" for a kind the server does not
+# serve, so these are asked of the authorizer directly: (verb, namespace or "", allowed).
+KUEUE_RIGHTS: list[tuple[str, str, bool]] = [
+    ("list", "", True), ("watch", "", True), ("get", "tenant", True),
+    ("update", "tenant", False), ("delete", "tenant", False),
+]
+
+
+def _may_workloads(plane: ControlPlane, verb: str, namespace: str) -> bool:
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+              "spec": {"user": OPERATOR_SA, "groups": ["system:serviceaccounts",
+                                                       f"system:serviceaccounts:{NAMESPACE}"],
+                       "resourceAttributes": {"verb": verb, "group": "kueue.x-k8s.io",
+                                              "resource": "workloads",
+                                              "namespace": namespace}}}
+    done = plane.kubectl("create", "-f", "-", "-o", "json", input=json.dumps(review))
+    return bool(json.loads(done.stdout)["status"].get("allowed"))
 
 
 def _can_i(plane: ControlPlane, *args: str) -> bool:
@@ -689,6 +824,10 @@ def test_the_installed_chart_lets_the_operator_do_what_its_code_calls(
         time.sleep(0.5)
     wrong = [" ".join(args) + (" is refused" if allowed else " is allowed")
              for args, allowed in OPERATOR_RIGHTS if _can_i(installed, *args) != allowed]
+    wrong += [f"{verb} workloads.kueue.x-k8s.io in {namespace or 'all namespaces'}"
+              + (" is refused" if allowed else " is allowed")
+              for verb, namespace, allowed in KUEUE_RIGHTS
+              if _may_workloads(installed, verb, namespace) != allowed]
     assert not wrong, f"{OPERATOR_SA}: " + "; ".join(wrong)
     # The Deployment as installed: two replicas (no pods here: nothing schedules them).
     deployment = json.loads(installed.kubectl(

@@ -148,6 +148,7 @@ def test_helm_refuses_a_wrong_value_naming_it(value: str, said: str) -> None:
 # -- the operator's identity -----------------------------------------------------------------
 
 OPERATOR_SA = f"system:serviceaccount:{NAMESPACE}:agentrun-operator"
+RECEIVER_SA = f"system:serviceaccount:{NAMESPACE}:agentrun-receiver"
 
 
 def test_every_place_names_the_operator_as_the_policies_exempt_it() -> None:
@@ -181,4 +182,37 @@ def test_every_place_names_the_operator_as_the_policies_exempt_it() -> None:
         # Who created a run: the operator writes it itself on the runs it creates.
         ("ValidatingAdmissionPolicy", "agentrun-run-creator"),
         ("MutatingAdmissionPolicy", "agentrun-run-creator")}
-    assert all(found <= {identity} for found in exempted.values()), exempted
+    # The trigger receiver is exempt beside it, by its own name (test_receiver_chart.py).
+    assert all(found <= {identity, RECEIVER_SA} for found in exempted.values()), exempted
+
+
+# -- the Kubernetes version the chart needs ------------------------------------------------
+
+# The first Kubernetes release that serves each admission kind the chart renders as
+# admissionregistration.k8s.io/v1 (GA): ValidatingAdmissionPolicy 1.30 (KEP-3488),
+# MutatingAdmissionPolicy 1.36 (KEP-3962).
+ADMISSION_V1_SINCE = {"ValidatingAdmissionPolicy": (1, 30),
+                      "ValidatingAdmissionPolicyBinding": (1, 30),
+                      "MutatingAdmissionPolicy": (1, 36),
+                      "MutatingAdmissionPolicyBinding": (1, 36)}
+
+
+def test_the_charts_kube_version_serves_every_admission_policy_it_renders() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    floor = re.fullmatch(r">=\s*(\d+)\.(\d+)\.\d+(-0)?", chart["kubeVersion"])
+    assert floor, chart["kubeVersion"]
+    # Every optional policy on (the allow-list, the tool policy), so that all are counted.
+    rendered = helm("template", "agentrun", str(CHART), *ARGS, "--set", "postgres.enabled=true",
+                    "--set", "runner.allowedImages={registry.example.com/agents/*}",
+                    "--set", "toolPolicy[0].name=x", "--set", "toolPolicy[0].approval=Required")
+    assert rendered.returncode == 0, rendered.stderr
+    kinds = {(d["apiVersion"], d["kind"]) for d in yaml.safe_load_all(rendered.stdout)
+             if d and d["apiVersion"].startswith("admissionregistration.k8s.io/")}
+    assert ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicy") in kinds
+    assert {v for v, _ in kinds} == {"admissionregistration.k8s.io/v1"}
+    needed = max(ADMISSION_V1_SINCE[k] for _, k in kinds if k in ADMISSION_V1_SINCE)
+    assert (int(floor.group(1)), int(floor.group(2))) >= needed
+    # Helm refuses a cluster older than that, saying why.
+    older = helm("template", "agentrun", str(CHART), "--namespace", NAMESPACE,
+                 "--kube-version", "v1.35.4", "--set", "postgres.enabled=true")
+    assert older.returncode != 0 and "kubeVersion" in older.stderr, older.stderr

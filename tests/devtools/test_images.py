@@ -42,10 +42,14 @@ pytestmark = pytest.mark.images
 NAMES = {
     "operator": "docker.io/agentrun/operator:dev",
     "store-api": "docker.io/agentrun/store-api:dev",
+    "receiver": "docker.io/agentrun/receiver:dev",
     "runner": "docker.io/agentrun/runner:dev",
     "postgres": "docker.io/agentrun/postgres:dev",
 }
-UIDS = {"operator": 10001, "store-api": 10001, "runner": 10001, "postgres": 999}
+UIDS = {"operator": 10001, "store-api": 10001, "receiver": 10001, "runner": 10001,
+        "postgres": 999}
+# Where Debian keeps the CA bundle its TLS libraries read.
+DEBIAN_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +57,8 @@ def archives() -> dict[str, Path]:
     if os.geteuid() != 0:
         pytest.fail("building and running images needs root (buildah, runc)")
     return images.build(images.default_images("agentrun/operator:dev", "agentrun/runner:dev",
-                                              "agentrun/postgres:dev", "agentrun/store-api:dev"))
+                                              "agentrun/postgres:dev", "agentrun/store-api:dev",
+                                              "agentrun/receiver:dev"))
 
 
 @pytest.fixture(scope="module")
@@ -101,13 +106,16 @@ def test_runs_as_its_non_root_user(bundles: dict[str, Path], short: str) -> None
     assert "Read-only file system" in done.stdout + done.stderr
 
 
-def test_operator_and_store_api_print_their_help(bundles: dict[str, Path]) -> None:
+def test_operator_store_api_and_receiver_print_their_help(bundles: dict[str, Path]) -> None:
     done = container(bundles, "operator", args=["agentrun-operator", "--help"]).run()
     assert done.returncode == 0, done.stderr
     assert "usage: agentrun-operator" in done.stdout
     store_api = container(bundles, "store-api", args=["agentrun-store-api", "--help"]).run()
     assert store_api.returncode == 0, store_api.stderr
     assert "usage: agentrun-store-api" in store_api.stdout
+    receiver = container(bundles, "receiver", args=["agentrun-receiver", "--help"]).run()
+    assert receiver.returncode == 0, receiver.stderr
+    assert "usage: agentrun-receiver" in receiver.stdout
 
 
 # What each image must not carry (pyproject.toml's extras), and what it must.
@@ -116,6 +124,8 @@ CARRIES = {
                  ("google.adk", "google.genai", "litellm", "anthropic")),
     "store-api": (("google.adk", "sqlalchemy", "psycopg", "alembic", "kubernetes", "aiohttp"),
                   ("kopf", "litellm", "anthropic")),
+    "receiver": (("kubernetes", "aiohttp", "cloudevents", "jsonpointer"),
+                 ("kopf", "google.adk", "litellm", "sqlalchemy", "psycopg", "alembic")),
     "runner": (("google.adk", "litellm", "anthropic", "aiohttp"),
                ("kopf", "kubernetes", "sqlalchemy", "psycopg", "alembic",
                 "prometheus_client")),
@@ -341,9 +351,11 @@ def test_a_planted_host_ca_reaches_the_build_steps_and_stays_out_of_the_image(
     marker = pem.splitlines()[2]  # a line of the body: grep -F finds it in the bundle
     assert "".join(marker.split()) in body
     dockerfile = tmp_path / "Dockerfile"
+    # The RUN step looks where Debian's tools do (OpenSSL's cert.pem links there; apt and
+    # pip read it), not where images.py says it mounts: a mount elsewhere must fail here.
     dockerfile.write_text(
         "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\n"
-        f"RUN grep -qF '{marker}' {images.IMAGE_CA} && echo seen > /etc/planted-ca-seen\n")
+        f"RUN grep -qF '{marker}' {DEBIAN_BUNDLE} && echo seen > /etc/planted-ca-seen\n")
     probe = images.Image("ca-probe", dockerfile, f"localhost/agentrun/ca-probe-{os.getpid()}:test")
     buildah = images.choose_buildah(images.cache_root())
     try:

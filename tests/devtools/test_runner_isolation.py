@@ -1,5 +1,5 @@
 """A runner started with code-loading variables by other means than an AgentRun (whose
-admission refuses them: tests/cluster/test_loader_env.py) still runs none of that code: the
+admission refuses them: tests/crds/test_loader_env.py) still runs none of that code: the
 launcher it starts through removes the variables and starts Python isolated.
 
 Each test starts the same program twice with the same variables: through `agentrun-runner`,

@@ -28,7 +28,7 @@ from agentrun.vocabulary import (
     ReplayReason,
 )
 from tests import kstatus
-from tests.harness import System, agent_run, in_namespace
+from tests.harness import System, agent_run, as_operator, in_namespace
 from tests.mcp_server import CrmServer, crm_server
 
 AGENTS = f"agents.{GROUP}"
@@ -412,6 +412,77 @@ def test_an_agent_naming_a_function_the_image_does_not_mark_is_invalid_and_runs_
     assert invalid["status"]["digest"] == status["agentDigest"]
 
 
+STDLIB_REFUSED = ("spec.tools[].function names a module of Python's standard library: a "
+                  "function tool is one the runner image's agents directory defines and "
+                  "marks as a tool (docs/agents.md)")
+
+
+def test_a_tenant_cannot_turn_an_agent_into_code_over_a_sub_agents_secret(
+        system: System, namespace: str, crm: CrmServer) -> None:
+    """sam holds agentrun-edit only (no pods, no Secrets). billing, an Agent its author
+    wrote, calls the CRM with a Secret header, which every runner pod of an Agent naming
+    billing as a sub-agent holds in its env. sam's Agent over billing cannot name a function
+    of Python (admission), nor an unmarked function of the image (AgentInvalid, no tool
+    run), and the Secret's value is nowhere sam reads: the run's and the Agent's status, the
+    Events, the run's transcript."""
+    from agentrun_devtools import transcript_api
+
+    secret = "Bearer billing-t0p-s3cr3t"
+    system.kubectl("create", "secret", "generic", "billing-crm", "-n", namespace,
+                   f"--from-literal=token={secret}")
+    system.apply(in_namespace(agent("billing", instruction="Answer billing questions.",
+                                    mcpServers=[{"name": "crm", "url": crm.url, "headers": [
+                                        {"name": "Authorization", "valueFrom": {
+                                            "secretKeyRef": {"name": "billing-crm",
+                                                             "key": "token"}}}]}]), namespace))
+    ready(system, namespace, "billing")
+    system.kubectl("create", "rolebinding", "sam-edit", "-n", namespace,
+                   "--clusterrole=agentrun-edit", "--user=sam")
+    assert system.kubectl("auth", "can-i", "get", "secrets", "-n", namespace, as_user="sam",
+                          check=False).stdout.strip() == "no"
+
+    def create_as_sam(manifest: dict[str, Any]) -> Any:
+        return system.kubectl("create", "-f", "-", input=json.dumps(manifest), as_user="sam",
+                              check=False)
+
+    for function in ("subprocess.getoutput", "os.getenv", "builtins.exec"):
+        refused = create_as_sam(in_namespace(agent(
+            "grab", instruction="Run what you are asked.", tools=[{"function": function}],
+            subAgents=[{"name": "billing"}]), namespace))
+        assert refused.returncode != 0, function
+        assert STDLIB_REFUSED in refused.stderr, refused.stderr
+        assert system.get(AGENTS, namespace, "grab") is None
+
+    # A function of the image that is no tool: admitted (the API server cannot see the
+    # image), refused by the runner before the first model call.
+    made = create_as_sam(in_namespace(agent(
+        "grab", instruction="Run what you are asked.",
+        tools=[{"function": "sample_tools.order_of"}], subAgents=[{"name": "billing"}]),
+        namespace))
+    assert made.returncode == 0, made.stderr
+    ready(system, namespace, "grab")
+    header = agents.header_env("billing", "crm", "Authorization")
+    made = create_as_sam(in_namespace(agent_run("grab-1", [
+        {"call": "order_of", "args": {"order": f"$({header})"}},
+        {"text": "never"}], agent="grab", text=f"$({header})"), namespace))
+    assert made.returncode == 0, made.stderr
+    status = settled(system, namespace, "grab-1")
+    assert (status["phase"], status["reason"]) == (Phase.FAILED, Reason.AGENT_INVALID)
+    assert "sample_tools.order_of is not marked as a tool" in status["message"]
+    assert status["toolsExecuted"] == [] and crm.calls() == []
+    run = system.run(namespace, "grab-1")
+    assert system.store(lambda e: store.ledger(e, run["metadata"]["uid"])) == []
+    invalid = ready(system, namespace, "grab", AgentReason.INVALID)
+
+    transcript_api.wait_available(system.plane)
+    read = system.kubectl("get", "transcripts.store.agentrun.dev", "grab-1", "-n",
+                          namespace, "-o", "json", as_user="sam")
+    seen = {"run": run, "agent": invalid, "transcript": json.loads(read.stdout),
+            "events": system.kubectl("get", "events", "-n", namespace, "-o", "json").stdout}
+    assert seen["transcript"]["run"]["name"] == "grab-1"
+    assert all("t0p-s3cr3t" not in json.dumps(v) for v in seen.values()), seen
+
+
 def test_a_run_that_lifts_the_agents_approval_is_refused_before_any_pod(
         system: System, namespace: str, crm: CrmServer) -> None:
     system.apply(in_namespace(triage(crm.url, effects=[
@@ -453,3 +524,35 @@ def test_a_run_that_loosens_the_images_code_fails_before_any_tool(
     assert said in status["message"], status["message"]
     assert status["toolsExecuted"] == []
     assert system.store(lambda e: store.outbox(e, name)) == []
+
+
+def test_what_loosens_the_charts_policy_is_refused_at_launch(
+        system: System, namespace: str, crm: CrmServer) -> None:
+    """The operator's --tool-policy (the chart's toolPolicy) against a run's spec.tools and
+    an Agent's effects, at launch (as the pin step of a run sees them; the chart's
+    admission refuses the same on a cluster that installs it)."""
+    from agentrun_operator.agents import Pin, pin
+
+    chart = json.dumps([{"name": "close_account", "approval": "Required"},
+                        {"name": "update_ticket", "effect": "Idempotent"}])
+    system.apply(in_namespace(triage(crm.url, effects=[
+        {"name": "update_ticket", "effect": "ReadOnly"}]), namespace))
+    ready(system, namespace, "triage")
+
+    def pinned(name: str, **spec: Any) -> Pin:
+        run = in_namespace(agent_run(name, [{"text": "never"}], **spec), namespace)
+        run["metadata"]["uid"] = str(uuid.uuid4())
+        return as_operator(system, lambda ctx: pin(ctx, run), tool_policy=chart)
+
+    lifted = pinned("lifts-chart", tools=[{"name": "close_account", "approval": "None"}])
+    assert lifted.refusal is not None and lifted.refusal[0] == Reason.POLICY_VIOLATION
+    assert ("the run's spec.tools says approval None for the tool close_account, which the "
+            "chart's policy declares stricter") in lifted.refusal[1]
+    assert "No pod was started" in lifted.refusal[1]
+    loosened = pinned("agent-loosens", agent="triage")
+    assert loosened.refusal is not None and (
+        "the Agent's effects says ReadOnly (where it says Idempotent) for the tool "
+        "update_ticket, which the chart's policy declares stricter") in loosened.refusal[1]
+    tightened = pinned("tightens", tools=[{"name": "close_account", "effect": "Effectful",
+                                           "approval": "Required"}])
+    assert tightened == Pin(None)

@@ -10,14 +10,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agentrun_devtools.processes import wait_for
 from sqlalchemy import update
 
 from agentrun import store
 from agentrun.store.schema import approvals
 from agentrun.vocabulary import (
     ANNOTATION_CREATED_BY,
+    ANNOTATION_TEMPLATE_BY,
+    API_VERSION,
     APPROVER_CLUSTER_ROLE,
     GROUP,
+    LABEL_SCHEDULE,
+    SCHEDULE_KIND,
     ApprovalPhase,
     ApprovalReason,
     LedgerOutcome,
@@ -29,6 +34,7 @@ from tests.approvals import CHARGE, REQUIRED, SCRIPT, approval, create_as, waiti
 from tests.harness import Operator, System, agent_run, in_namespace
 
 APPROVALS = f"agentrunapprovals.{GROUP}"
+SCHEDULES = f"agentrunschedules.{GROUP}"
 
 
 def bind(system: System, namespace: str, user: str, role: str) -> None:
@@ -302,7 +308,8 @@ def test_the_runs_creator_cannot_approve_its_call_another_approver_can(
     assert (said["phase"], said["reason"]) == (ApprovalPhase.REJECTED,
                                                ApprovalReason.SELF_APPROVAL)
     assert "eve created AgentRun mine and may not decide its calls" in said["message"]
-    time.sleep(2)  # nothing happens: the call stays pending (a state that must hold)
+    # The call stays pending: ann's approval below decides it (it would be NotPending or
+    # AlreadyDecided had eve's decided anything).
     still = system.run(ns, "mine")["status"]
     assert still["phase"] == Phase.WAITING
     assert still["pendingApproval"]["seq"] == pending["seq"]
@@ -329,7 +336,71 @@ def test_nobody_writes_or_changes_who_created_a_run(system: System, eve: str) ->
     assert changed.returncode != 0
     assert "agentrun.dev/created-by says who created the run and never changes" in (
         changed.stderr)
+    removed = system.kubectl("annotate", "agentrun", "forged", "-n", ns,
+                             f"{ANNOTATION_CREATED_BY}-", as_user="eve", check=False)
+    assert removed.returncode != 0
+    assert "agentrun.dev/created-by says who created the run and never changes" in (
+        removed.stderr)
     assert system.run(ns, "forged")["metadata"]["annotations"][ANNOTATION_CREATED_BY] == "eve"
+
+
+def test_a_schedules_runs_are_created_by_who_last_wrote_its_template(
+        system: System, eve: str) -> None:
+    """eve writes a schedule (a forged template-by is written over, and nobody changes it
+    by hand); the run the operator creates of it is eve's, so she may not approve its
+    call; dave rewriting the template makes the next runs his."""
+    ns = eve
+    bind(system, ns, "dave", "agentrun-edit")
+    schedule = {"apiVersion": API_VERSION, "kind": SCHEDULE_KIND, "metadata": {
+        "name": "eves", "namespace": ns, "annotations": {ANNOTATION_TEMPLATE_BY: "ann"}},
+        "spec": {"schedule": "@every 10s", "concurrencyPolicy": "Forbid", "runTemplate": {
+            "spec": agent_run("x", SCRIPT, tools=REQUIRED)["spec"]}}}
+    made = create_as(system, "eve", schedule)
+    assert made.returncode == 0, made.stderr
+
+    def template_by() -> str:
+        found = system.get(SCHEDULES, ns, "eves") or {}
+        return str((found["metadata"].get("annotations") or {}).get(ANNOTATION_TEMPLATE_BY))
+
+    assert template_by() == "eve"
+    changed = system.kubectl("annotate", "--overwrite", SCHEDULES, "eves", "-n", ns,
+                             f"{ANNOTATION_TEMPLATE_BY}=ann", as_user="dave", check=False)
+    assert changed.returncode != 0
+    assert "template-by says who last wrote spec.runTemplate and changes only with it" in (
+        changed.stderr)
+
+    def first_run() -> str | None:
+        done = system.kubectl("get", "agentruns", "-n", ns, "-l", f"{LABEL_SCHEDULE}=eves",
+                              "-o", "json")
+        names = sorted(r["metadata"]["name"] for r in json.loads(done.stdout)["items"])
+        return names[0] if names else None
+
+    wait_for(lambda: first_run() is not None, timeout=60, what="the schedule's first run")
+    system.kubectl("patch", SCHEDULES, "eves", "-n", ns, "--type=merge", "-p",
+                   '{"spec": {"suspend": true}}')
+    name = first_run()
+    assert name is not None
+    run = waiting(system, ns, name)
+    # The operator created it, and wrote who last wrote the template, not itself (the
+    # CRD refuses agentrun.dev/ annotations in a template).
+    assert run["metadata"]["annotations"][ANNOTATION_CREATED_BY] == "eve"
+    pending = run["status"]["pendingApproval"]
+    done = create_as(system, "eve", approval(ns, f"{name}-by-eve", name, pending, "eve"))
+    assert done.returncode == 0, done.stderr
+    said = verdict(system, ns, f"{name}-by-eve")
+    assert (said["phase"], said["reason"]) == (ApprovalPhase.REJECTED,
+                                               ApprovalReason.SELF_APPROVAL)
+    done = create_as(system, "ann", approval(ns, f"{name}-by-ann", name, pending, "ann"))
+    assert done.returncode == 0, done.stderr
+    assert verdict(system, ns, f"{name}-by-ann")["reason"] == ApprovalReason.DECIDED
+
+    # dave rewrites the template: admission writes him in, whatever he says.
+    patch = {"metadata": {"annotations": {ANNOTATION_TEMPLATE_BY: "eve"}},
+             "spec": {"runTemplate": {"spec": {"input": {"text": "Charge it again"}}}}}
+    done = system.kubectl("patch", SCHEDULES, "eves", "-n", ns, "--type=merge", "-p",
+                          json.dumps(patch), as_user="dave", check=False)
+    assert done.returncode == 0, done.stderr
+    assert template_by() == "dave"
 
 
 def test_where_self_approval_is_allowed_the_creator_may_approve(

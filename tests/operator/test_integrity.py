@@ -7,12 +7,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from agentrun_devtools.processes import wait_for
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import store
-from agentrun.vocabulary import Phase, Reason, ReplayPhase, ReplayReason, RunStatus
+from agentrun.vocabulary import (
+    ANNOTATION_CREATED_BY,
+    Phase,
+    Reason,
+    ReplayPhase,
+    ReplayReason,
+    RunStatus,
+)
 from tests.harness import System, agent_run, in_namespace
-from tests.replays import create_replay, wait_decided
+from tests.replays import create_replay, get_replay, wait_decided
 
 
 def test_a_runner_saying_nothing_ran_after_a_recorded_call_does_not_erase_it(
@@ -127,6 +135,15 @@ def test_a_replay_is_authorized_for_its_requester(system: System, namespace: str
     replay = wait_decided(system, namespace, "plain-again")
     assert (replay["status"]["phase"], replay["status"]["reason"]) == (
         ReplayPhase.APPROVED, ReplayReason.NO_TOOLS_EXECUTED)
+    # The replay run is sam's (four eyes: he asked for it, so he may not approve its
+    # calls), whoever created the original; the operator wrote it with its own identity.
+    wait_for(lambda: bool((get_replay(system, namespace, "plain-again").get("status") or {})
+                          .get("replayRunName")), timeout=60, what="the replay run")
+    replayed = system.run(namespace, get_replay(system, namespace, "plain-again")[
+        "status"]["replayRunName"])
+    assert replayed["metadata"]["annotations"][ANNOTATION_CREATED_BY] == "sam"
+    original = system.run(namespace, "plain")["metadata"]["annotations"]
+    assert original[ANNOTATION_CREATED_BY] not in ("sam", "")
 
 
 def test_the_requester_annotations_cannot_be_written_by_hand(

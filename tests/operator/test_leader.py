@@ -13,7 +13,7 @@ from agentrun_devtools.processes import wait_for
 
 from agentrun.vocabulary import Phase, Reason
 from tests.harness import HAPPY, Operator, System, agent_run, email_then_wait, in_namespace
-from tests.store_api import StoreAPIProcess
+from tests.runner_world import StoreAPIProcess
 
 LEASE_SECONDS = 6
 

@@ -196,7 +196,7 @@ def test_node_lost(system: System, namespace: str) -> None:
     try:
         # The check that the short grace is what acts: this wait's 120 s is well below the
         # 300 s default, so a run left to a 300 s toleration (or grace) times out here. How
-        # long it takes is measured by bench/, not bounded here.
+        # long it takes is a timing, not bounded here (no benchmark times it yet).
         run = system.wait_phase(namespace, "lost", Phase.FAILED, Phase.SUCCEEDED, timeout=120)
     finally:
         system.kubectl("annotate", "node", "dev-node", "dev.agentrun.dev/simulate-")

@@ -46,6 +46,18 @@ def test_three_observers_of_one_eviction_start_one_retry(
                 runner_service_account="default")
     stale_view = system.run(ns, "raced")
     assert stale_view["status"]["phase"] == Phase.RUNNING
+    # The evicted pod stays readable (deleting, with its DisruptionTarget) while the three
+    # act: the one that reads it must see this eviction, not a pod already gone.
+    held = json.dumps({"metadata": {"finalizers": ["agentrun.dev/test-hold"]}})
+    system.kubectl("patch", "pod", "raced-1", "-n", ns, "--type=merge", "-p", held)
+    try:
+        _race(system, ns, stale_view)
+    finally:
+        system.kubectl("patch", "pod", "raced-1", "-n", ns, "--type=merge",
+                       "-p", json.dumps({"metadata": {"finalizers": None}}), check=False)
+
+
+def _race(system: System, ns: str, stale_view: dict[str, Any]) -> None:
     system.evict(ns, "raced-1")
     evicted = Outcome(Phase.FAILED, Reason.EVICTED, "The runner pod was evicted.")
 

@@ -27,8 +27,9 @@ from agentrun_devtools import transcript_api
 from agentrun_devtools.controlplane import REPO, ControlPlane
 from agentrun_devtools.processes import wait_for
 from agentrun_devtools.transcript_api import TranscriptEndpoint
+from agentrun_kubectl import cluster, main
 
-from agentrun import kubectl_plugin, store
+from agentrun import store
 from agentrun.vocabulary import (
     APPROVER_CLUSTER_ROLE,
     ENV_TEST_CRASH_IN,
@@ -301,8 +302,8 @@ def test_follow_streams_a_live_run_and_ends_when_it_settles(
     assert said[0] == ("input", None) and said[-1] == ("text", None), said
     first_call = next(at for at, e in streamed if e.get("tool") == "read_message")
     # The first call was streamed while the run was still at it: before the model (6 s of
-    # thought later) had even started the second call, as its ledger row records. How
-    # soon a line arrives is measured by bench/, not bounded here.
+    # thought later) had even started the second call, as its ledger row records. An
+    # order of two moments, not a bound on how soon a line arrives (no timing here).
     [crm] = [c for c in transcripts.store(lambda e: store.ledger(e, run["metadata"]["uid"]))
              if c.tool == "update_crm"]
     assert first_call < crm.started_at.timestamp(), (first_call, crm.started_at, streamed)
@@ -371,11 +372,11 @@ def test_the_plugin_waits_out_an_apiservice_not_yet_available(
     try:
         wait_for(lambda: available() == "False", timeout=60, what="the APIService unavailable")
         # Past its wait, as a cluster admin: the APIService's own words.
-        monkeypatch.setattr(kubectl_plugin, "UNAVAILABLE_WAIT", 2.0)
-        code = kubectl_plugin.main(["result", "awaited", "-n", ns, "--kubeconfig",
-                                    str(transcripts.plane.kubeconfig)])
+        monkeypatch.setattr(cluster, "UNAVAILABLE_WAIT", 2.0)
+        code = main.main(["result", "awaited", "-n", ns, "--kubeconfig",
+                          str(transcripts.plane.kubeconfig)])
         told = capsys.readouterr().err
-        assert code == kubectl_plugin.ERROR, told
+        assert code == cluster.ERROR, told
         assert "trying again for up to 2 s" in told, told
         assert f"APIService {TRANSCRIPT_API_SERVICE} Available=False" in told, told
         # A viewer who may not read APIServices: waits, then has the answer.
@@ -626,7 +627,7 @@ def test_an_approver_reads_the_whole_arguments_and_approves_only_what_was_shown(
 
     # Without the transcript, nothing is approved: a sentence, and no AgentRunApproval.
     blind = as_user(transcripts, quinn, "agentrun", "approve", "padded", "-n", ns)
-    assert blind.returncode == kubectl_plugin.REFUSED, blind.stdout + blind.stderr
+    assert blind.returncode == cluster.REFUSED, blind.stdout + blind.stderr
     assert "Not deciding call 1 (send_email) of AgentRun padded" in blind.stderr
     assert "nothing is approved unseen" in blind.stderr
     assert "get on transcripts.store.agentrun.dev" in blind.stderr

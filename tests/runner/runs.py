@@ -2,7 +2,7 @@
 store as the operator writes it before the pod (`prepare_run`), the env the operator's pod
 gives the runner, the runner launched as a subprocess with it, and what it left in the
 store. The runs live in the session's RunnerWorld, which the `runner_world` fixture
-(tests/runner/conftest.py) hands over with `use_world`."""
+(tests/store_fixtures.py) hands over with `use_world`."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import store
 from agentrun.vocabulary import ENV_DATABASE_URL, ENV_SCRIPT, SCRIPTED_MODEL, RunnerEnv
-from tests.store_api import Identity, RunnerWorld
+from tests.runner_world import Identity, RunnerWorld
 
 T = TypeVar("T")
 RUNNER_TIMEOUT = 120

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrun import store
+from agentrun import agents, store
+from agentrun.transcript import entries_of
 from agentrun.vocabulary import Reason, RunnerExit
 from tests.mcp_server import CrmServer
 from tests.runner.runs import Run, explain, outcome, prepare_run, query, run_runner, snapshot_of
@@ -39,6 +40,10 @@ def image(tmp_path: Path) -> tuple[Path, Path]:
     return agents_dir, marker
 
 
+# The value of the sub-agent's Secret header, as the kubelet would put it in the pod's env.
+SECRET = "Bearer billing-s3cr3t-7f3a"
+
+
 @pytest.mark.parametrize(("function", "said"), [
     ("tenant_side.grab", "tenant_side.grab is not marked as a tool"),
     ("subprocess.getoutput", "names the function subprocess.getoutput, of Python's standard"),
@@ -48,12 +53,25 @@ def image(tmp_path: Path) -> tuple[Path, Path]:
 def test_a_function_the_image_does_not_ship_as_a_tool_never_runs(
         pg_store: str, crm: CrmServer, image: tuple[Path, Path], function: str,
         said: str) -> None:
+    """The tenant's Agent names the function over a sub-agent whose MCP header is a Secret
+    it may not read (the runner has that Secret in its env, as the operator puts it): the
+    model asks for the env, and for a marker file; nothing runs, and the Secret is in
+    nothing the tenant reads back (the outcome the run's status shows, the transcript)."""
     agents_dir, marker = image
-    run = prepare_run(pg_store, "fn-refused", agent="triage", agent_snapshot=snapshot_of(
-        crm.url, tools=[{"function": function}]))
+    snapshot = snapshot_of(crm.url, tools=[{"function": function}],
+                           subAgents=[{"name": "billing"}])
+    snapshot["agents"]["billing"] = {
+        "instruction": "Answer billing questions.",
+        "mcpServers": [{"name": "crm", "url": crm.url, "headers": [
+            {"name": "Authorization",
+             "valueFrom": {"secretKeyRef": {"name": "billing-crm", "key": "token"}}}]}]}
+    run = prepare_run(pg_store, "fn-refused", agent="triage", agent_snapshot=snapshot)
     name = function.rpartition(".")[2]
-    done = run_runner(run, [{"call": name, "args": {"cmd": f"touch {marker}"}},
-                            {"text": "never"}], AGENTRUN_AGENTS_DIR=str(agents_dir))
+    header = agents.header_env("billing", "crm", "Authorization")
+    done = run_runner(run, [{"call": name, "args": {"cmd": f"touch {marker}; env"}},
+                            {"call": name, "args": {"key": header}},
+                            {"text": "never"}],
+                      AGENTRUN_AGENTS_DIR=str(agents_dir), **{header: SECRET})
     assert done.returncode == RunnerExit.AGENT_INVALID, explain(done)
     got = outcome(run)
     assert got is not None and got.reason == Reason.AGENT_INVALID
@@ -61,6 +79,11 @@ def test_a_function_the_image_does_not_ship_as_a_tool_never_runs(
     assert not marker.exists()
     assert crm.calls() == []
     nothing_ran(run)
+    facts = query(run.url, lambda e: store.transcript_facts(e, run.uid))
+    assert facts is not None
+    shown = json.dumps([str(got.message), entries_of(facts)], default=str)
+    assert "billing-s3cr3t" not in shown
+    assert "billing-s3cr3t" not in done.stdout + done.stderr  # the pod's log
 
 
 # -- a run only tightens ------------------------------------------------------------------------
@@ -164,4 +187,37 @@ def test_an_agent_that_loosens_the_images_code_fails_policy_violation(
     assert got is not None and got.reason == Reason.POLICY_VIOLATION
     assert said in str(got.message), got.message
     assert not marker.exists()
+    nothing_ran(run)
+
+
+# -- the chart's policy: the most trusted word -------------------------------------------------
+
+CHART = [{"name": "send_email", "approval": "Required", "approvalTimeoutSeconds": 600}]
+EMAIL = {"to": "c42@example.com", "body": "Your refund is on its way."}
+
+
+def test_the_charts_policy_makes_a_call_wait_for_an_approval(pg_store: str) -> None:
+    """The chart says send_email waits for an approval; neither the code, the Agent nor the
+    run says so: the call is written down as waiting, never run."""
+    run = prepare_run(pg_store, "chart-waits")
+    done = run_runner(run, [{"call": "send_email", "args": EMAIL}, {"text": "never"}],
+                      AGENTRUN_TOOL_POLICY=json.dumps(CHART))
+    assert done.returncode == RunnerExit.AWAITING_APPROVAL, explain(done)
+    waiting = query(run.url, lambda e: store.pending_approval(e, run.uid))
+    assert waiting is not None and waiting.tool == "send_email"
+    # The chart's timeout: expiresAt is taken a moment before the row's requestedAt.
+    assert 590 < (waiting.expires_at - waiting.requested_at).total_seconds() <= 600
+    nothing_ran(run)
+
+
+def test_a_run_that_lifts_the_charts_approval_fails_policy_violation(pg_store: str) -> None:
+    run = prepare_run(pg_store, "chart-lifted")
+    done = run_runner(run, [{"call": "send_email", "args": EMAIL}, {"text": "never"}],
+                      AGENTRUN_TOOL_POLICY=json.dumps(CHART),
+                      AGENTRUN_TOOLS=json.dumps([{"name": "send_email", "approval": "None"}]))
+    assert done.returncode == RunnerExit.POLICY_VIOLATION, explain(done)
+    got = outcome(run)
+    assert got is not None and got.reason == Reason.POLICY_VIOLATION
+    assert ("the run's spec.tools says approval None for the tool send_email, which the "
+            "chart's policy declares stricter") in str(got.message), got.message
     nothing_ran(run)

@@ -33,7 +33,7 @@ from tests.runner.runs import (
     runner_env,
     tools,
 )
-from tests.store_api import TRUST, RunnerWorld
+from tests.runner_world import TRUST, RunnerWorld
 
 pytestmark = pytest.mark.postgres
 

@@ -77,6 +77,14 @@ per namespace of operator.namespaces, or a ClusterRole when it is empty).
 - apiGroups: [agentrun.dev]
   resources: [agentruns/status, agentrunreplays/status, agentrunschedules/status]
   verbs: [get, patch, update]
+# Triggers: watched, and their status written (url, conditions); their runs are the
+# receiver's. Its runs' time to live waits for the trigger's dedupe window.
+- apiGroups: [agentrun.dev]
+  resources: [agentruntriggers]
+  verbs: [get, list, watch]
+- apiGroups: [agentrun.dev]
+  resources: [agentruntriggers/status]
+  verbs: [get, update]
 # Agents: watched (and listed at a run's launch), and their status written; never created
 # or changed: people define them.
 - apiGroups: [agentrun.dev]
@@ -112,6 +120,12 @@ per namespace of operator.namespaces, or a ClusterRole when it is empty).
 - apiGroups: [""]
   resources: [configmaps, secrets]
   verbs: [get]
+# Kueue's Workloads (runs labelled kueue.x-k8s.io/queue-name): read to show why an
+# attempt waits in its queue (their QuotaReserved condition); watched only where Kueue is
+# installed.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get, list, watch]
 {{- end }}
 
 {{/*
@@ -144,4 +158,43 @@ spec:
   {{- if .caBundle }}
   caBundle: {{ .caBundle }}
   {{- end }}
+{{- end }}
+
+{{/*
+The trigger receiver's rights inside the namespaces of runs (receiver.yaml binds them with
+a Role per namespace of operator.namespaces, or a ClusterRole when it is empty): read a
+trigger and the Secret its spec.auth names (only that one: the receiver reads no other, and
+admission let the trigger name only a Secret its author may get), add to the trigger's
+counters, create the event's run and ConfigMap and hand the ConfigMap to the run. No store
+credential, no pods, no list: nothing else.
+*/}}
+{{- define "agentrun.receiverRules" -}}
+- apiGroups: [agentrun.dev]
+  resources: [agentruntriggers]
+  verbs: [get]
+- apiGroups: [agentrun.dev]
+  resources: [agentruntriggers/status]
+  verbs: [get, patch]
+- apiGroups: [agentrun.dev]
+  resources: [agentruns]
+  verbs: [get, create]
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, create, patch]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
+{{- end }}
+
+{{/*
+Where senders reach the receiver: receiver.url (an ingress's address), else its Service.
+The operator writes it, and /v1/triggers/<namespace>/<name>, into each trigger's
+status.url.
+*/}}
+{{- define "agentrun.receiverURL" -}}
+{{- if .Values.receiver.url -}}
+{{ .Values.receiver.url }}
+{{- else -}}
+https://agentrun-receiver.{{ .Release.Namespace }}.svc
+{{- end -}}
 {{- end }}
