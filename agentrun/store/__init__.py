@@ -45,7 +45,8 @@ Runs and attempts (status: vocabulary.RunStatus)
     await set_tools_executed(engine, uid, attempt, tools) -> bool         fills NULL only
     await get_run(engine, uid) -> Run | None
     await get_attempt(engine, uid, attempt) -> Attempt | None
-    await attempt_identity(engine, uid, attempt) -> AttemptIdentity | None   store API
+    await attempt_identity(engine, uid, attempt) -> (AttemptIdentity, status) | None
+                                             store API (agentrun.attempt's identity)
     await ensure_live(engine, uid, attempt)   store API: raises AttemptSettled once settled
     await attempt_usage(engine, uid, attempt) -> AttemptUsage     store API: its quotas
 
@@ -189,7 +190,6 @@ from agentrun.store.run_state import (
 )
 from agentrun.store.runs import (
     Attempt,
-    AttemptIdentity,
     InvocationRecorded,
     Outcome,
     Run,
@@ -223,7 +223,6 @@ from agentrun.store.usage import AttemptUsage, attempt_usage
 __all__ = [
     "Approval",
     "Attempt",
-    "AttemptIdentity",
     "AttemptSettled",
     "AttemptUsage",
     "CallClose",

@@ -18,6 +18,7 @@ from sqlalchemy import and_, case, or_, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from agentrun.attempt import AttemptIdentity
 from agentrun.store.dialect import upsert_insert
 from agentrun.store.ledger import UNREADABLE, AttemptSettled, tools_on
 from agentrun.store.schema import attempts, runs
@@ -531,25 +532,11 @@ async def attempt_on(conn: AsyncConnection, uid: str, attempt: int) -> Attempt |
     return None if row is None else _attempt(row)
 
 
-@dataclass(frozen=True)
-class AttemptIdentity:
-    """Who an attempt is, for the store API: its run, its pod and session (none of which
-    changes once the operator wrote the attempt down), and its status when read."""
-
-    namespace: str
-    run_name: str
-    agent: str
-    user_id: str
-    input_digest: str | None
-    pod_name: str | None
-    app_name: str | None
-    session_id: str | None
-    status: str
-    resumes_attempt: int | None = None
-    resumes_run_uid: str | None = None
-
-
-async def attempt_identity(engine: AsyncEngine, uid: str, attempt: int) -> AttemptIdentity | None:
+async def attempt_identity(engine: AsyncEngine, uid: str,
+                           attempt: int) -> tuple[AttemptIdentity, str] | None:
+    """Who attempt `attempt` of run `uid` is, as the operator wrote it down (its run, pod
+    and session never change once written), and its status when read (for the store
+    API); None when the store has no record of it."""
     async with engine.connect() as conn:
         row = (await conn.execute(
             select(runs.c.namespace, runs.c.name, runs.c.agent, runs.c.user_id,
@@ -562,7 +549,8 @@ async def attempt_identity(engine: AsyncEngine, uid: str, attempt: int) -> Attem
     if row is None:
         return None
     return AttemptIdentity(
-        namespace=row.namespace, run_name=row.name, agent=row.agent, user_id=row.user_id,
-        input_digest=row.input_digest, pod_name=row.pod_name, app_name=row.app_name,
-        session_id=row.session_id, status=row.status, resumes_attempt=row.resumes_attempt,
-        resumes_run_uid=row.resumes_run_uid)
+        namespace=row.namespace, run_name=row.name, run_uid=uid, attempt=attempt,
+        agent=row.agent, user_id=row.user_id, session_id=row.session_id or "",
+        input_digest=row.input_digest, pod=row.pod_name,
+        app_name=row.app_name or session_app(row.namespace, row.agent),
+        resumes_attempt=row.resumes_attempt, resumes_run_uid=row.resumes_run_uid), row.status

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
 import random
@@ -108,22 +107,6 @@ async def migrate_when_reachable(url: str) -> None:
             delay = min(delay * 2, STORE_WAIT_LONGEST)
 
 
-async def _serve_transcripts(config: OperatorConfig, api: client.ApiClient) -> Any:
-    """The transcript API beside the in-process store API (the development cluster), with
-    its own small pool; (served, engine), or None when not asked for."""
-    if not config.transcript_api_listen:
-        return None
-    from agentrun_store_api.tls import ServingCertificate
-    from agentrun_store_api.transcripts import TRANSCRIPT_POOL_SIZE, serve_transcripts
-
-    engine = store.make_engine(config.database_url, pool_size=TRANSCRIPT_POOL_SIZE,
-                               max_overflow=0)
-    served = await serve_transcripts(
-        config.transcript_api_listen, engine, api,
-        tls=ServingCertificate(config.store_api_tls_cert_file, config.store_api_tls_key_file))
-    return served, engine
-
-
 def register(config: OperatorConfig) -> kopf.OperatorRegistry:
     """Every handler of the operator, on a fresh registry."""
     registry = kopf.OperatorRegistry()
@@ -144,32 +127,7 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
         await migrate_when_reachable(config.database_url)
         kube = Kube(pool=API_THREADS + events.EVENT_THREADS)
         events.configure(kube.api)
-        running = config
-        memo.store_api = memo.transcripts = None
-        if config.store_api_listen:
-            # In this process (the development cluster): the only part of the operator
-            # that needs ADK, so imported only here (config.parse checked it is installed).
-            from agentrun_store_api import app as store_api
-            from agentrun_store_api import metrics as store_metrics
-            from agentrun_store_api.limits import POOL_OVERFLOW, POOL_SIZE
-            from agentrun_store_api.tls import ServingCertificate
-
-            # Its model labels: the price map's and the chart's modelPrices (checked by
-            # config.parse).
-            store_metrics.price_models(store_metrics.price_models_of(config.model_prices))
-
-            # Its own small pool: runner traffic never waits behind the operator's.
-            memo.store_api_engine = store.make_engine(
-                config.database_url, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW)
-            memo.store_api = await store_api.serve(
-                config.store_api_listen, memo.store_api_engine, kube.api,
-                tls=ServingCertificate(config.store_api_tls_cert_file,
-                                       config.store_api_tls_key_file),
-                audience=config.store_api_audience)
-            if not config.store_api_url:
-                running = dataclasses.replace(config, store_api_url=memo.store_api.url)
-            memo.transcripts = await _serve_transcripts(config, kube.api)
-        ctx = memo.ctx = Context(config=running, engine=store.make_engine(
+        ctx = memo.ctx = Context(config=config, engine=store.make_engine(
             config.database_url, pool_size=5, max_overflow=5), kube=kube)
         # Read at scrape time, in the server's thread: a copy in one step (no iteration
         # of a dict the event loop changes meanwhile).
@@ -249,7 +207,7 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
                                                            "schedule": reconcile_schedule,
                                                            "trigger": reconcile_trigger,
                                                            "agent": reconcile_agent}))
-                            for _ in range(running.workers)]
+                            for _ in range(config.workers)]
             memo.workers.append(asyncio.create_task(retention.purge_daily(ctx)))
             memo.workers.append(asyncio.create_task(usage.watch(ctx)))
             resync_all(ctx)
@@ -274,11 +232,10 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
             await lead()
         memo.tasks.append(asyncio.create_task(_resync_forever(ctx)))
         memo.tasks.append(asyncio.create_task(startup_checks.check(ctx)))
-        log.info("event=started store=%s store_api=%s namespaces=%s workers=%s election=%s "
-                 "transcript_api=%s", store.redact(config.database_url),
-                 running.store_api_url, ",".join(config.namespaces) or "*", running.workers,
-                 config.leader_election_namespace or "off",
-                 memo.transcripts[0].url if memo.transcripts else "-")
+        log.info("event=started store=%s store_api=%s namespaces=%s workers=%s election=%s",
+                 store.redact(config.database_url), config.store_api_url,
+                 ",".join(config.namespaces) or "*", config.workers,
+                 config.leader_election_namespace or "off")
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
@@ -292,12 +249,6 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
         memo.ctx.pods.stop()
         memo.ctx.nodes.stop()
         memo.ctx.workloads.stop()
-        if memo.transcripts is not None:
-            await memo.transcripts[0].stop()
-            await memo.transcripts[1].dispose()
-        if memo.store_api is not None:
-            await memo.store_api.stop()
-            await memo.store_api_engine.dispose()
         await memo.ctx.engine.dispose()
 
     @kopf.on.event(GROUP, VERSION, RUN_PLURAL, registry=registry)
