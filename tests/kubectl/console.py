@@ -42,17 +42,25 @@ class Console:
         return self.url.split("token=", 1)[1]
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @contextmanager
-def console(kubeconfig: Path, *args: str, kubectl: Path | None = None) -> Iterator[Console]:
+def console(kubeconfig: Path, *args: str, kubectl: Path | None = None,
+            sigint_ignored: bool = False) -> Iterator[Console]:
     """`kubectl agentrun console --port P ARGS` (through `kubectl` when given, else the
-    console script itself), until the URL is printed; stopped with Ctrl-C after."""
+    console script itself), until the URL is printed; stopped with Ctrl-C after (raises
+    when it is still there 10 s later). `sigint_ignored`: started as a script's
+    background job is, with SIGINT ignored."""
     port = free_port()
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
            "KUBECONFIG": str(kubeconfig)}
     env.pop("DATABASE_URL", None)
     argv = [str(kubectl), "agentrun"] if kubectl else [str(BIN / "kubectl-agentrun")]
     process = subprocess.Popen([*argv, "console", "--port", str(port), *args], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               preexec_fn=_ignore_sigint if sigint_ignored else None)
     said: list[str] = []
     found = threading.Event()
 

@@ -103,3 +103,13 @@ def test_a_state_change_needs_the_cookie_and_the_same_origin(door: Console) -> N
                       headers={**cookie(door), **json_type, **headers})
         assert answer.status == 502, answer
         assert "cannot reach the Kubernetes API server" in json.loads(answer.body)["error"]
+
+
+def test_ctrl_c_stops_it_also_when_started_with_sigint_ignored(tmp_path: Path) -> None:
+    """A background job of a script inherits SIGINT ignored, and Python then raises no
+    KeyboardInterrupt: the console's own handler stops it (console() raises if not)."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(NOWHERE)
+    with console(kubeconfig, sigint_ignored=True) as served:
+        assert http(served.base + "/runs").status == 401
+    assert served.process.returncode == 0

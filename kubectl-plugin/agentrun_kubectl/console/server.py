@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import secrets
+import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -555,9 +556,18 @@ async def serve(console: Console, *, ready: Callable[[str], None]) -> None:
     site = web.TCPSite(runner, "127.0.0.1", console.port)
     await site.start()
     ready(console.url)
+    # Ctrl-C (and a plain kill) stop it, also where it was started with SIGINT ignored (a
+    # background job of a script inherits that, and Python then raises no
+    # KeyboardInterrupt): asyncio's handlers replace an inherited SIG_IGN.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
     try:
-        await asyncio.Event().wait()
+        await stop.wait()
     finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
         # A thread reading a followed transcript would hold the exit until its run says
         # something: cut them.
         for stream in list(console.streams):
