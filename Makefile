@@ -139,10 +139,15 @@ chart-crds: venv ## regenerate the chart's copies of crds/ and charts/agentrun/a
 uninstall: ## remove the CRDs and the admission policy from the current kube context
 	$(KUBECTL) delete --ignore-not-found -f crds/
 
-# The operator, locally, against the current kube context. On the development cluster it
-# uses .local/operator.kubeconfig, also when the admin's .local/kubeconfig is exported (as
-# the README does): that identity is in the group agentrun:operators, which the admission
-# policy lets set spec.replayOf. As the admin, every replay run it creates is refused.
+# `make run`: the operator, the store API (`agentrun-store-api`, the program the chart runs
+# as its own Deployment) and the trigger receiver (`agentrun-receiver`), each its own
+# process, in the foreground, against the current kube context. Ctrl-C stops them all, and
+# so does the end of any one (agentrun_devtools.supervise).
+#
+# On the development cluster the operator and the store API use .local/operator.kubeconfig, also when the admin's
+# .local/kubeconfig is exported (as the README does): that identity is in the group
+# agentrun:operators, which the admission policy lets set spec.replayOf. As the admin, every
+# replay run the operator creates is refused.
 DEV_KUBECONFIG := $(LOCAL)/kubeconfig
 RUN_KUBECONFIG ?= $(if $(filter $(DEV_KUBECONFIG),$(abspath $(KUBECONFIG))),$(LOCAL)/operator.kubeconfig,$(or $(KUBECONFIG),$(wildcard $(LOCAL)/operator.kubeconfig)))
 
@@ -153,9 +158,15 @@ RUN_ARGS ?= --allow-scripted-model
 # The run store: DATABASE_URL, else the development cluster's SQLite file in this
 # checkout's .local (not wherever the package happens to be installed).
 RUN_DATABASE_URL ?= $(or $(DATABASE_URL),sqlite:///$(LOCAL)/agentrun.db)
-# The store API it serves speaks TLS: the development cluster's pair, in this checkout's
-# .local (make dev-cluster writes it), unless the environment names another.
+# The store API speaks TLS: the development cluster's pair, in this checkout's .local (make
+# dev-cluster writes it), unless the environment names another. It listens on a fixed
+# address (runner pods keep the URL they were given, across restarts), which runner pods
+# must reach: on a cluster of other machines, AGENTRUN_STORE_API_LISTEN=0.0.0.0:8089 and
+# AGENTRUN_STORE_API_URL=https://<this host>:8089 (docs/operator.md, Running it).
 RUN_STORE_API_TLS ?= $(LOCAL)/store-api
+RUN_STORE_API_LISTEN ?= $(or $(AGENTRUN_STORE_API_LISTEN),127.0.0.1:8089)
+RUN_STORE_API_URL ?= $(or $(AGENTRUN_STORE_API_URL),https://$(RUN_STORE_API_LISTEN))
+RUN_STORE_API_METRICS_PORT ?= 0
 # The transcript API, where make dev-cluster registered it (its APIService's endpoint).
 RUN_TRANSCRIPT_API_LISTEN ?= $(shell cat $(RUN_STORE_API_TLS)/transcript-api-listen 2>/dev/null)
 
@@ -166,23 +177,28 @@ RUN_TRANSCRIPT_API_LISTEN ?= $(shell cat $(RUN_STORE_API_TLS)/transcript-api-lis
 RUN_RECEIVER_LISTEN ?= 127.0.0.1:8090
 RUN_RECEIVER_TLS ?= $(LOCAL)/receiver
 RUN_RECEIVER_KUBECONFIG ?= $(if $(filter $(DEV_KUBECONFIG),$(abspath $(KUBECONFIG))),$(LOCAL)/receiver.kubeconfig,$(or $(KUBECONFIG),$(wildcard $(LOCAL)/receiver.kubeconfig)))
-RUN_RECEIVER = KUBECONFIG=$(RUN_RECEIVER_KUBECONFIG) $(VENV)/bin/agentrun-receiver \
-	--listen=$(RUN_RECEIVER_LISTEN) \
-	--tls-cert-file=$${AGENTRUN_RECEIVER_TLS_CERT_FILE:-$(RUN_RECEIVER_TLS)/tls.crt} \
-	--tls-private-key-file=$${AGENTRUN_RECEIVER_TLS_KEY_FILE:-$(RUN_RECEIVER_TLS)/tls.key}
+
+# `make run`'s programs, one a line: 'NAME: COMMAND'. What they share comes from the
+# environment the recipe sets (the kubeconfig, the store, the certificates); the receiver
+# has its own credential (`env` sets it: the lines run with no shell).
+RUN_PROGRAMS = \
+	'operator: $(VENV)/bin/agentrun-operator --store-api-url=$(RUN_STORE_API_URL) $(RUN_ARGS)' \
+	'store-api: $(VENV)/bin/agentrun-store-api --listen=$(RUN_STORE_API_LISTEN) --metrics-port=$(RUN_STORE_API_METRICS_PORT)' \
+	'receiver: env KUBECONFIG=$(RUN_RECEIVER_KUBECONFIG) $(VENV)/bin/agentrun-receiver --listen=$(RUN_RECEIVER_LISTEN)'
 
 .PHONY: run
-run: venv ## run the operator in the foreground, and the trigger receiver beside it, against the current kube context
-	@echo "agentrun-operator with KUBECONFIG=$(or $(RUN_KUBECONFIG),~/.kube/config)"
+run: venv ## run the operator, the store API and the trigger receiver in the foreground against the current kube context
+	@echo "agentrun-operator, agentrun-store-api and agentrun-receiver with KUBECONFIG=$(or $(RUN_KUBECONFIG),~/.kube/config)"
 	@echo "agentrun-receiver on https://$(RUN_RECEIVER_LISTEN) (CA: $(RUN_RECEIVER_TLS)/ca.crt)"
-	$(RUN_RECEIVER) & trap 'kill $$! 2>/dev/null' EXIT; \
 	AGENTRUN_RECEIVER_URL=$${AGENTRUN_RECEIVER_URL:-https://$(RUN_RECEIVER_LISTEN)} \
-	KUBECONFIG=$(RUN_KUBECONFIG) DATABASE_URL=$(RUN_DATABASE_URL) \
+		AGENTRUN_RECEIVER_TLS_CERT_FILE=$${AGENTRUN_RECEIVER_TLS_CERT_FILE:-$(RUN_RECEIVER_TLS)/tls.crt} \
+		AGENTRUN_RECEIVER_TLS_KEY_FILE=$${AGENTRUN_RECEIVER_TLS_KEY_FILE:-$(RUN_RECEIVER_TLS)/tls.key} \
+		KUBECONFIG=$(RUN_KUBECONFIG) DATABASE_URL=$(RUN_DATABASE_URL) \
 		AGENTRUN_STORE_API_TLS_CERT_FILE=$${AGENTRUN_STORE_API_TLS_CERT_FILE:-$(RUN_STORE_API_TLS)/tls.crt} \
 		AGENTRUN_STORE_API_TLS_KEY_FILE=$${AGENTRUN_STORE_API_TLS_KEY_FILE:-$(RUN_STORE_API_TLS)/tls.key} \
 		AGENTRUN_STORE_API_CA_FILE=$${AGENTRUN_STORE_API_CA_FILE:-$(RUN_STORE_API_TLS)/ca.crt} \
-		AGENTRUN_TRANSCRIPT_API_LISTEN=$${AGENTRUN_TRANSCRIPT_API_LISTEN:-$(RUN_TRANSCRIPT_API_LISTEN)} \
-		$(VENV)/bin/agentrun-operator $(RUN_ARGS)
+		AGENTRUN_TRANSCRIPT_LISTEN=$${AGENTRUN_TRANSCRIPT_LISTEN:-$(RUN_TRANSCRIPT_API_LISTEN)} \
+		$(PY) -m agentrun_devtools.supervise $(RUN_PROGRAMS)
 
 .PHONY: deploy
 deploy: ## Helm install into the current kube context (namespace agentrun-system)

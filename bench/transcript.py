@@ -98,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         node = start_dev_node(plane, work / "pods")
         url = postgres.create_database("bench")
         endpoint = TranscriptEndpoint(plane.host_address, free_port())
-        operator = Operator(plane, url, work / "op",
-                            [f"--transcript-api-listen={endpoint.listen}"]).start()
+        operator = Operator(plane, url, work / "op", transcript_listen=endpoint.listen).start()
         transcript_api.register(plane, endpoint)
         transcript_api.wait_available(plane)
         system = System(plane, url, operator)

@@ -121,8 +121,8 @@ def store_url(postgres: Postgres) -> str:
 
 @pytest.fixture(scope="session")
 def transcript_endpoint(control_plane: ControlPlane) -> TranscriptEndpoint:
-    """Where the session operator serves the transcript API (this host's address: the API
-    server's EndpointSlice may not name a loopback one)."""
+    """Where the session's store API serves the transcript API (this host's address: the
+    API server's EndpointSlice may not name a loopback one)."""
     return TranscriptEndpoint(control_plane.host_address, free_port())
 
 
@@ -149,12 +149,12 @@ def receiver(crds: ControlPlane, receiver_port: int,
 def operator(crds: ControlPlane, dev_node: Child, store_url: str,
              transcript_endpoint: TranscriptEndpoint, receiver_port: int,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    """The session operator; it also serves the transcript API, registered with the API
-    server (APIService v1alpha1.store.agentrun.dev) while it lives."""
+    """The session operator, and beside it the session's store API, its own process (as
+    `make run` and the chart run them), which also serves the transcript API, registered
+    with the API server (APIService v1alpha1.store.agentrun.dev) while it lives."""
     process = Operator(crds, store_url, tmp_path_factory.mktemp("operator"),
-                       (*SESSION_OPERATOR_ARGS,
-                        f"--transcript-api-listen={transcript_endpoint.listen}",
-                        f"--receiver-url=https://127.0.0.1:{receiver_port}")).start()
+                       (*SESSION_OPERATOR_ARGS, f"--receiver-url=https://127.0.0.1:{receiver_port}"),
+                       transcript_listen=transcript_endpoint.listen).start()
     transcript_api.register(crds, transcript_endpoint)
     try:
         yield process

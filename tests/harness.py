@@ -8,7 +8,6 @@ import functools
 import json
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -27,16 +26,21 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import store
 from agentrun.vocabulary import GROUP, VERSION
+from tests.runner_world import StoreAPIProcess
 
 T = TypeVar("T")
 
 
 class Operator:
-    """`agentrun-operator` as a child process, restartable and killable."""
+    """`agentrun-operator` as a child process, restartable and killable, and beside it its
+    store API (`agentrun-store-api`, a process of its own as in the chart), unless `args`
+    name one started elsewhere (--store-api-url). The store API outlives a killed or
+    restarted operator, as the chart's Deployment does; `stop` stops both."""
 
     def __init__(self, plane: ControlPlane, store_url: str, log_dir: Path,
                  args: Sequence[str] = (), *, scripted: bool = True,
-                 kubeconfig: Path | None = None) -> None:
+                 kubeconfig: Path | None = None, transcript_listen: str = "",
+                 store_api_metrics_port: int = 0) -> None:
         self.plane, self.store_url, self.log_dir, self.args = plane, store_url, log_dir, args
         # The tests drive runs with the scripted model, which an operator honours only
         # when told to.
@@ -45,26 +49,37 @@ class Operator:
         self.kubeconfig = kubeconfig or plane.operator_kubeconfig
         self.child: Child | None = None
         self.starts = 0
-        self.store_api_url = ""  # where it serves the store API (from its start-up line)
-        # One port for the life of this operator, restarts included: its runner pods keep
-        # the store API URL they were given.
-        self.store_api_port = free_port()
+        # Its store API: one address for its life, restarts included (runner pods keep the
+        # URL they were given), serving the transcript API too when told where.
+        elsewhere = [a.split("=", 1)[1] for a in args if a.startswith("--store-api-url=")]
+        self.store_api: StoreAPIProcess | None = None
+        self.store_api_listen = "" if elsewhere else f"127.0.0.1:{free_port()}"
+        self.store_api_url = elsewhere[-1] if elsewhere else f"https://{self.store_api_listen}"
+        self.transcript_listen = transcript_listen
+        self.store_api_metrics_port = store_api_metrics_port
+        self.store_api_starts = 0
 
     def start(self, *, wait: bool = True) -> Operator:
-        """Starts it; unless told not to wait, returns once it says `event=started`."""
+        """Starts it (and its store API, unless that still runs); unless told not to wait,
+        returns once it says `event=started` and its store API is ready."""
         self.starts += 1
+        if self.store_api_listen and (self.store_api is None
+                                      or not self.store_api.child.alive()):
+            self.store_api_starts += 1
+            self.store_api = StoreAPIProcess(
+                self.plane, self.store_url,
+                self.log_dir / f"store-api-{self.store_api_starts}.log",
+                listen=self.store_api_listen, transcript_listen=self.transcript_listen,
+                metrics_port=self.store_api_metrics_port)
+        tls = self.plane.store_api_tls
+        assert tls is not None
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig),
                "DATABASE_URL": self.store_url}
         self.child = Child(
             "operator",
             [str(Path(sys.executable).parent / "agentrun-operator"),
-             f"--store-api-listen=127.0.0.1:{self.store_api_port}",
-             *self.plane.store_api_tls.operator_flags(),  # type: ignore[union-attr]
-             *(["--allow-scripted-model"] if self.scripted else []),
-             # Not the development cluster's transcript API address (a checkout's .local):
-             # only an operator told to serves it.
-             *([] if any(a.startswith("--transcript-api-listen") for a in self.args)
-               else ["--transcript-api-listen="]), *self.args],
+             f"--store-api-url={self.store_api_url}", f"--store-api-ca-file={tls.ca}",
+             *(["--allow-scripted-model"] if self.scripted else []), *self.args],
             self.log_dir / f"operator-{self.starts}.log", env=env)
         if wait:
             self.wait_started()
@@ -80,9 +95,9 @@ class Operator:
             return marker in self.child.log_path.read_text(errors="replace")
 
         wait_for(ready, timeout=60, what="operator")
-        found = re.search(r"event=started .*store_api=(\S+)", self.child.log_path.read_text(
-            errors="replace"))
-        self.store_api_url = found.group(1) if found else ""
+        # Ready once the operator has migrated the store (it alone migrates).
+        if self.store_api is not None:
+            self.store_api.wait_ready()
 
     def kill(self) -> None:
         """SIGKILL: no cleanup, no finalizer work, as a crashed operator."""
@@ -95,6 +110,9 @@ class Operator:
         if self.child is not None:
             self.child.stop()
             self.child = None
+        if self.store_api is not None:
+            self.store_api.stop()
+            self.store_api = None
 
     def log(self) -> str:
         return "\n".join(p.read_text(errors="replace")

@@ -59,20 +59,22 @@ STORE_API_FORKS = Forks(Path(sys.executable), "agentrun_store_api.main",
 
 
 class StoreAPIProcess:
-    """`agentrun-store-api` on a free loopback port, for one store."""
+    """`agentrun-store-api` on loopback (a free port unless `listen` names one), for one
+    store; with `transcript_listen`, the transcript API too."""
 
     def __init__(self, plane: ControlPlane, database_url: str, log_path: Path, *,
-                 metrics_port: int = 0, args: Sequence[str] = ()) -> None:
+                 metrics_port: int = 0, listen: str = "127.0.0.1:0",
+                 transcript_listen: str = "", args: Sequence[str] = ()) -> None:
         tls = plane.store_api_tls
         assert tls is not None
         TRUST.load_verify_locations(cafile=str(tls.ca))
         env = {**os.environ, "KUBECONFIG": str(plane.operator_kubeconfig)}
         self.child = Child(
             "store-api",
-            [str(Path(sys.executable).parent / "agentrun-store-api"), "--listen",
-             "127.0.0.1:0", "--database-url", database_url, "--tls-cert-file", str(tls.cert),
+            [str(Path(sys.executable).parent / "agentrun-store-api"), "--listen", listen,
+             "--database-url", database_url, "--tls-cert-file", str(tls.cert),
              "--tls-private-key-file", str(tls.key), f"--metrics-port={metrics_port}",
-             *args],
+             f"--transcript-listen={transcript_listen}", *args],
             log_path, env=env, forks=STORE_API_FORKS.for_env(env))
         self.log_path, self.metrics_port = log_path, metrics_port
         self.url = ""

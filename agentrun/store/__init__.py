@@ -45,9 +45,20 @@ Runs and attempts (status: vocabulary.RunStatus)
     await set_tools_executed(engine, uid, attempt, tools) -> bool         fills NULL only
     await get_run(engine, uid) -> Run | None
     await get_attempt(engine, uid, attempt) -> Attempt | None
-    await attempt_identity(engine, uid, attempt) -> AttemptIdentity | None   store API
+    await attempt_identity(engine, uid, attempt) -> (AttemptIdentity, status) | None
+                                             store API (agentrun.attempt's identity)
     await ensure_live(engine, uid, attempt)   store API: raises AttemptSettled once settled
     await attempt_usage(engine, uid, attempt) -> AttemptUsage     store API: its quotas
+
+The operator's read and write of a sync (run_state.py)
+    await run_state(engine, uid, attempt, previous=, approvals=, published=, usage=)
+        -> RunState: the run's row, the attempt's, and as asked the attempt before, its
+        approvals, ledger, answer and usage, in one transaction
+    await launch_attempt(engine, uid, attempt, session_id, pod_name, namespace=, agent=,
+                         user_id=, resumes_attempt=, resumes_run_uid=, record=, snapshot=)
+        -> SessionClaim: [input snapshot, run row,] session claim and, when granted, the
+        attempt's row, in one transaction
+    await record_launch(engine, record, snapshot=None)   the run (and its input) alone
 
 Tools
     await tools_executed(engine, uid, attempt) -> list[str] | None
@@ -170,9 +181,15 @@ from agentrun.store.replays import (
     replays_of,
 )
 from agentrun.store.retention import purge_expired_memory, purge_old_events, purge_old_runs
+from agentrun.store.run_state import (
+    RunState,
+    Snapshot,
+    launch_attempt,
+    record_launch,
+    run_state,
+)
 from agentrun.store.runs import (
     Attempt,
-    AttemptIdentity,
     InvocationRecorded,
     Outcome,
     Run,
@@ -206,7 +223,6 @@ from agentrun.store.usage import AttemptUsage, attempt_usage
 __all__ = [
     "Approval",
     "Attempt",
-    "AttemptIdentity",
     "AttemptSettled",
     "AttemptUsage",
     "CallClose",
@@ -225,8 +241,10 @@ __all__ = [
     "Result",
     "Run",
     "RunNotRecorded",
+    "RunState",
     "SessionClaim",
     "Settled",
+    "Snapshot",
     "StoreNotReady",
     "TooManyModels",
     "TooManyPending",
@@ -264,6 +282,7 @@ __all__ = [
     "is_durable",
     "journal",
     "latest_named",
+    "launch_attempt",
     "ledger",
     "lineage_root",
     "make_engine",
@@ -277,6 +296,7 @@ __all__ = [
     "put_agent",
     "put_input",
     "record_invocation",
+    "record_launch",
     "record_outcome",
     "record_pod",
     "record_result",
@@ -287,6 +307,7 @@ __all__ = [
     "replays_of",
     "request_approval",
     "run_records",
+    "run_state",
     "run_usage",
     "session_app",
     "session_service_url",

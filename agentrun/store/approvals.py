@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sqlalchemy import func, select, update
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agentrun.store.dialect import upsert_insert
 from agentrun.store.schema import approvals
@@ -86,9 +86,14 @@ async def request_approval(engine: AsyncEngine, uid: str, attempt: int, seq: int
 async def approvals_of(engine: AsyncEngine, uid: str) -> list[Approval]:
     """Every call of run `uid` that waited or waits, in the order they were asked for."""
     async with engine.connect() as conn:
-        rows = await conn.execute(select(approvals).where(approvals.c.run_uid == uid)
-                                  .order_by(approvals.c.attempt, approvals.c.seq))
-        return [_approval(r) for r in rows]
+        return await approvals_on(conn, uid)
+
+
+async def approvals_on(conn: AsyncConnection, uid: str) -> list[Approval]:
+    """approvals_of, read on `conn`."""
+    rows = await conn.execute(select(approvals).where(approvals.c.run_uid == uid)
+                              .order_by(approvals.c.attempt, approvals.c.seq))
+    return [_approval(r) for r in rows]
 
 
 async def pending_approval(engine: AsyncEngine, uid: str,

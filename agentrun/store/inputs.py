@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from sqlalchemy import delete, select
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agentrun.store.dialect import upsert_insert
 from agentrun.store.schema import input_files, inputs, installation
@@ -72,18 +72,24 @@ async def put_input(
     files = dict(files or {})
     digest = input_digest(text, files, key=key)
     async with engine.begin() as conn:
+        await put_input_on(conn, digest, text, files)
+    return digest
+
+
+async def put_input_on(conn: AsyncConnection, digest: str, text: str,
+                       files: Mapping[str, bytes]) -> None:
+    """Writes the snapshot `digest` (its `input_digest`) on `conn`, unless it exists."""
+    await conn.execute(
+        upsert_insert(conn, inputs)
+        .values(digest=digest, text=text, created_at=datetime.now(UTC))
+        .on_conflict_do_nothing()
+    )
+    for name, content in sorted(files.items()):
         await conn.execute(
-            upsert_insert(conn, inputs)
-            .values(digest=digest, text=text, created_at=datetime.now(UTC))
+            upsert_insert(conn, input_files)
+            .values(digest=digest, name=name, content=bytes(content), size=len(content))
             .on_conflict_do_nothing()
         )
-        for name, content in sorted(files.items()):
-            await conn.execute(
-                upsert_insert(conn, input_files)
-                .values(digest=digest, name=name, content=bytes(content), size=len(content))
-                .on_conflict_do_nothing()
-            )
-    return digest
 
 
 async def get_input(engine: AsyncEngine, digest: str) -> Input | None:

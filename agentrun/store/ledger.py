@@ -148,20 +148,25 @@ async def close_call(engine: AsyncEngine, uid: str, attempt: int, seq: int, outc
 async def ledger(engine: AsyncEngine, uid: str) -> list[LedgerEntry]:
     """Every ledger row of a run, by attempt then call order (`kubectl agentrun tools`)."""
     async with engine.connect() as conn:
-        rows = await conn.execute(
-            select(tool_calls)
-            .where(tool_calls.c.run_uid == uid)
-            .order_by(tool_calls.c.attempt, tool_calls.c.seq)
+        return await ledger_on(conn, uid)
+
+
+async def ledger_on(conn: AsyncConnection, uid: str) -> list[LedgerEntry]:
+    """ledger, read on `conn`."""
+    rows = await conn.execute(
+        select(tool_calls)
+        .where(tool_calls.c.run_uid == uid)
+        .order_by(tool_calls.c.attempt, tool_calls.c.seq)
+    )
+    return [
+        LedgerEntry(
+            attempt=r.attempt, seq=r.seq, tool=r.tool, call_id=r.call_id,
+            args_digest=r.args_digest, started_at=r.started_at,
+            finished_at=r.finished_at, outcome=r.outcome, effect=r.effect,
+            idempotency_key=r.idempotency_key, result=r.result,
         )
-        return [
-            LedgerEntry(
-                attempt=r.attempt, seq=r.seq, tool=r.tool, call_id=r.call_id,
-                args_digest=r.args_digest, started_at=r.started_at,
-                finished_at=r.finished_at, outcome=r.outcome, effect=r.effect,
-                idempotency_key=r.idempotency_key, result=r.result,
-            )
-            for r in rows
-        ]
+        for r in rows
+    ]
 
 
 @dataclass(frozen=True)

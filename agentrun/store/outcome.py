@@ -81,9 +81,14 @@ async def record_result(engine: AsyncEngine, uid: str, attempt: int, text: str,
 async def get_result(engine: AsyncEngine, uid: str) -> Result | None:
     """The run's answer: that of its latest attempt that gave one."""
     async with engine.connect() as conn:
-        row = (await conn.execute(
-            select(results).where(results.c.run_uid == uid)
-            .order_by(results.c.attempt.desc()).limit(1))).one_or_none()
+        return await result_on(conn, uid)
+
+
+async def result_on(conn: AsyncConnection, uid: str) -> Result | None:
+    """get_result, read on `conn`."""
+    row = (await conn.execute(
+        select(results).where(results.c.run_uid == uid)
+        .order_by(results.c.attempt.desc()).limit(1))).one_or_none()
     if row is None:
         return None
     return Result(row.attempt, row.text, row.json, row.digest, row.created_at)
@@ -156,14 +161,20 @@ async def run_usage(engine: AsyncEngine, uid: str, *, before_attempt: int | None
     """What run `uid` used: its attempts (before `before_attempt`, if given), and, when it
     resumes another run's journal, that run's whole count first."""
     async with engine.connect() as conn:
-        own = await _usage_of(conn, uid, before_attempt)
-        resumed = (await conn.execute(
-            select(attempts.c.resumes_run_uid).where(
-                attempts.c.run_uid == uid, attempts.c.resumes_run_uid.is_not(None))
-            .order_by(attempts.c.attempt).limit(1))).scalar_one_or_none()
-        if resumed is None:
-            return own
-        return (await _usage_of(conn, str(resumed), None)).plus(own)
+        return await usage_on(conn, uid, before_attempt=before_attempt)
+
+
+async def usage_on(conn: AsyncConnection, uid: str, *, before_attempt: int | None = None
+                   ) -> Usage:
+    """run_usage, read on `conn`."""
+    own = await _usage_of(conn, uid, before_attempt)
+    resumed = (await conn.execute(
+        select(attempts.c.resumes_run_uid).where(
+            attempts.c.run_uid == uid, attempts.c.resumes_run_uid.is_not(None))
+        .order_by(attempts.c.attempt).limit(1))).scalar_one_or_none()
+    if resumed is None:
+        return own
+    return (await _usage_of(conn, str(resumed), None)).plus(own)
 
 
 async def usage_changed_since(engine: AsyncEngine, since: datetime) -> set[str]:

@@ -18,6 +18,7 @@ from sqlalchemy import and_, case, or_, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from agentrun.attempt import AttemptIdentity
 from agentrun.store.dialect import upsert_insert
 from agentrun.store.ledger import UNREADABLE, AttemptSettled, tools_on
 from agentrun.store.schema import attempts, runs
@@ -153,23 +154,45 @@ async def record_run(
     for a replay once the AgentRun is deleted). Idempotent:
     an operator that restarts and records the same uid again changes nothing (the first
     record's snapshot stands). Returns whether the row was new."""
-    now = _now()
     async with engine.begin() as conn:
-        result = await conn.execute(
-            upsert_insert(conn, runs)
-            .values(
-                uid=uid, namespace=namespace, name=name, agent=agent, trigger=trigger,
-                user_id=user_id, input_digest=input_digest, replay_of=replay_of,
-                agent_digest=agent_digest, status=RunStatus.PENDING, attempts=0,
-                created_at=now, updated_at=now,
-                spec=dict(spec) if spec else None,
-                labels=dict(labels) if labels else None,
-                annotations=dict(annotations) if annotations else None,
-            )
-            .on_conflict_do_nothing()
-            .returning(runs.c.uid)
+        return await record_run_on(
+            conn, uid, namespace, name, agent, trigger, user_id, input_digest,
+            replay_of=replay_of, agent_digest=agent_digest, labels=labels,
+            annotations=annotations, spec=spec)
+
+
+async def record_run_on(
+    conn: AsyncConnection,
+    uid: str,
+    namespace: str,
+    name: str,
+    agent: str,
+    trigger: str,
+    user_id: str,
+    input_digest: str | None,
+    replay_of: str | None = None,
+    agent_digest: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    spec: Mapping[str, Any] | None = None,
+) -> bool:
+    """record_run, on `conn` (a launch writes the run and its first attempt together)."""
+    now = _now()
+    result = await conn.execute(
+        upsert_insert(conn, runs)
+        .values(
+            uid=uid, namespace=namespace, name=name, agent=agent, trigger=trigger,
+            user_id=user_id, input_digest=input_digest, replay_of=replay_of,
+            agent_digest=agent_digest, status=RunStatus.PENDING, attempts=0,
+            created_at=now, updated_at=now,
+            spec=dict(spec) if spec else None,
+            labels=dict(labels) if labels else None,
+            annotations=dict(annotations) if annotations else None,
         )
-        return result.first() is not None
+        .on_conflict_do_nothing()
+        .returning(runs.c.uid)
+    )
+    return result.first() is not None
 
 
 async def start_attempt(
@@ -181,41 +204,50 @@ async def start_attempt(
     Idempotent. Starting an attempt that was already settled changes nothing, and an
     older attempt never takes the run back from a newer one.
     """
-    now = _now()
     async with engine.begin() as conn:
-        run = (
-            await conn.execute(
-                select(runs.c.namespace, runs.c.agent, runs.c.user_id).where(runs.c.uid == uid))
-        ).one_or_none()
-        if run is None:
-            raise RunNotRecorded(f"run {uid} was never recorded (record_run first)")
+        await start_attempt_on(conn, uid, attempt, session_id, pod_name, resumes_attempt,
+                               resumes_run_uid)
+
+
+async def start_attempt_on(
+    conn: AsyncConnection, uid: str, attempt: int, session_id: str, pod_name: str,
+    resumes_attempt: int | None = None, resumes_run_uid: str | None = None,
+) -> None:
+    """start_attempt, on `conn`."""
+    now = _now()
+    run = (
         await conn.execute(
-            upsert_insert(conn, attempts)
-            .values(
-                run_uid=uid, attempt=attempt, pod_name=pod_name,
-                app_name=session_app(run.namespace, run.agent),
-                user_id=run.user_id, session_id=session_id, status=RunStatus.PENDING,
-                started_at=now, resumes_attempt=resumes_attempt,
-                resumes_run_uid=resumes_run_uid,
-            )
-            .on_conflict_do_nothing()
+            select(runs.c.namespace, runs.c.agent, runs.c.user_id).where(runs.c.uid == uid))
+    ).one_or_none()
+    if run is None:
+        raise RunNotRecorded(f"run {uid} was never recorded (record_run first)")
+    await conn.execute(
+        upsert_insert(conn, attempts)
+        .values(
+            run_uid=uid, attempt=attempt, pod_name=pod_name,
+            app_name=session_app(run.namespace, run.agent),
+            user_id=run.user_id, session_id=session_id, status=RunStatus.PENDING,
+            started_at=now, resumes_attempt=resumes_attempt,
+            resumes_run_uid=resumes_run_uid,
         )
-        await conn.execute(
-            update(runs)
-            .where(
-                runs.c.uid == uid,
-                or_(
-                    runs.c.attempts < attempt,
-                    and_(runs.c.attempts == attempt, runs.c.status == RunStatus.PENDING),
-                ),
-            )
-            .values(
-                attempts=attempt, status=RunStatus.RUNNING, reason=None, message=None,
-                tools_executed=None, finished_at=None,
-                started_at=case((runs.c.started_at.is_(None), now), else_=runs.c.started_at),
-                updated_at=now,
-            )
+        .on_conflict_do_nothing()
+    )
+    await conn.execute(
+        update(runs)
+        .where(
+            runs.c.uid == uid,
+            or_(
+                runs.c.attempts < attempt,
+                and_(runs.c.attempts == attempt, runs.c.status == RunStatus.PENDING),
+            ),
         )
+        .values(
+            attempts=attempt, status=RunStatus.RUNNING, reason=None, message=None,
+            tools_executed=None, finished_at=None,
+            started_at=case((runs.c.started_at.is_(None), now), else_=runs.c.started_at),
+            updated_at=now,
+        )
+    )
 
 
 async def record_pod(engine: AsyncEngine, uid: str, attempt: int, pod_uid: str) -> None:
@@ -467,7 +499,12 @@ async def set_tools_executed(
 
 async def get_run(engine: AsyncEngine, uid: str) -> Run | None:
     async with engine.connect() as conn:
-        row = (await conn.execute(select(runs).where(runs.c.uid == uid))).one_or_none()
+        return await run_on(conn, uid)
+
+
+async def run_on(conn: AsyncConnection, uid: str) -> Run | None:
+    """The run's row, read on `conn` (one read of several in a transaction)."""
+    row = (await conn.execute(select(runs).where(runs.c.uid == uid))).one_or_none()
     return None if row is None else _run(row)
 
 
@@ -485,30 +522,21 @@ async def ensure_live(engine: AsyncEngine, uid: str, attempt: int) -> None:
 
 async def get_attempt(engine: AsyncEngine, uid: str, attempt: int) -> Attempt | None:
     async with engine.connect() as conn:
-        result = await conn.execute(select(attempts).where(*_attempt_key(uid, attempt)))
-        row = result.one_or_none()
+        return await attempt_on(conn, uid, attempt)
+
+
+async def attempt_on(conn: AsyncConnection, uid: str, attempt: int) -> Attempt | None:
+    """The attempt's row, read on `conn`."""
+    row = (await conn.execute(select(attempts).where(*_attempt_key(uid, attempt)))
+           ).one_or_none()
     return None if row is None else _attempt(row)
 
 
-@dataclass(frozen=True)
-class AttemptIdentity:
-    """Who an attempt is, for the store API: its run, its pod and session (none of which
-    changes once the operator wrote the attempt down), and its status when read."""
-
-    namespace: str
-    run_name: str
-    agent: str
-    user_id: str
-    input_digest: str | None
-    pod_name: str | None
-    app_name: str | None
-    session_id: str | None
-    status: str
-    resumes_attempt: int | None = None
-    resumes_run_uid: str | None = None
-
-
-async def attempt_identity(engine: AsyncEngine, uid: str, attempt: int) -> AttemptIdentity | None:
+async def attempt_identity(engine: AsyncEngine, uid: str,
+                           attempt: int) -> tuple[AttemptIdentity, str] | None:
+    """Who attempt `attempt` of run `uid` is, as the operator wrote it down (its run, pod
+    and session never change once written), and its status when read (for the store
+    API); None when the store has no record of it."""
     async with engine.connect() as conn:
         row = (await conn.execute(
             select(runs.c.namespace, runs.c.name, runs.c.agent, runs.c.user_id,
@@ -521,7 +549,8 @@ async def attempt_identity(engine: AsyncEngine, uid: str, attempt: int) -> Attem
     if row is None:
         return None
     return AttemptIdentity(
-        namespace=row.namespace, run_name=row.name, agent=row.agent, user_id=row.user_id,
-        input_digest=row.input_digest, pod_name=row.pod_name, app_name=row.app_name,
-        session_id=row.session_id, status=row.status, resumes_attempt=row.resumes_attempt,
-        resumes_run_uid=row.resumes_run_uid)
+        namespace=row.namespace, run_name=row.name, run_uid=uid, attempt=attempt,
+        agent=row.agent, user_id=row.user_id, session_id=row.session_id or "",
+        input_digest=row.input_digest, pod=row.pod_name,
+        app_name=row.app_name or session_app(row.namespace, row.agent),
+        resumes_attempt=row.resumes_attempt, resumes_run_uid=row.resumes_run_uid), row.status

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agentrun.store import adk_tables as adk
 from agentrun.store.dialect import upsert_insert
@@ -55,28 +55,42 @@ async def claim_session(
     Granted when the session is new (this run then owns it), or owned for the same agent
     and user and not held by another live run. Idempotent for the run that holds it.
     """
+    async with engine.begin() as conn:
+        return await claim_session_on(conn, namespace=namespace, session_id=session_id,
+                                      agent=agent, user_id=user_id, run_uid=run_uid)
+
+
+async def claim_session_on(
+    conn: AsyncConnection,
+    *,
+    namespace: str,
+    session_id: str,
+    agent: str,
+    user_id: str,
+    run_uid: str,
+) -> SessionClaim:
+    """claim_session, on `conn` (in the transaction that starts the attempt)."""
     now = datetime.now(UTC)
     key = (session_owners.c.namespace == namespace, session_owners.c.session_id == session_id)
-    async with engine.begin() as conn:
-        await conn.execute(
-            upsert_insert(conn, session_owners).values(
-                namespace=namespace, session_id=session_id, agent=agent, user_id=user_id,
-                owner_run_uid=run_uid, holder_run_uid=run_uid, updated_at=now,
-            ).on_conflict_do_nothing()
-        )
-        # A row lock on Postgres: two runs claiming at once are decided one after the
-        # other (SQLite serialises writers anyway).
-        row = (await conn.execute(select(session_owners).where(*key).with_for_update())).one()
-        if (row.agent, row.user_id) != (agent, user_id):
-            return SessionClaim(False, owned_by=f"agent {row.agent}, user {row.user_id}")
-        if row.holder_run_uid not in (None, run_uid):
-            holder = (await conn.execute(
-                select(runs.c.name, runs.c.status).where(runs.c.uid == row.holder_run_uid)
-            )).one_or_none()
-            if holder is not None and holder.status in RunStatus.LIVE:
-                return SessionClaim(False, busy_with=holder.name)
-        await conn.execute(
-            update(session_owners).where(*key).values(holder_run_uid=run_uid, updated_at=now))
+    await conn.execute(
+        upsert_insert(conn, session_owners).values(
+            namespace=namespace, session_id=session_id, agent=agent, user_id=user_id,
+            owner_run_uid=run_uid, holder_run_uid=run_uid, updated_at=now,
+        ).on_conflict_do_nothing()
+    )
+    # A row lock on Postgres: two runs claiming at once are decided one after the
+    # other (SQLite serialises writers anyway).
+    row = (await conn.execute(select(session_owners).where(*key).with_for_update())).one()
+    if (row.agent, row.user_id) != (agent, user_id):
+        return SessionClaim(False, owned_by=f"agent {row.agent}, user {row.user_id}")
+    if row.holder_run_uid not in (None, run_uid):
+        holder = (await conn.execute(
+            select(runs.c.name, runs.c.status).where(runs.c.uid == row.holder_run_uid)
+        )).one_or_none()
+        if holder is not None and holder.status in RunStatus.LIVE:
+            return SessionClaim(False, busy_with=holder.name)
+    await conn.execute(
+        update(session_owners).where(*key).values(holder_run_uid=run_uid, updated_at=now))
     return SessionClaim(True)
 
 

@@ -9,7 +9,7 @@ kube-apiserver, kube-controller-manager, kube-scheduler) and a node, writes the 
 kubeconfig to .local/kubeconfig and links kubectl and helm into .local/bin/. It registers
 the transcript API (APIService v1alpha1.store.agentrun.dev, agentrun_devtools.transcript_api)
 at this host's address and a free port, written to .local/store-api/transcript-api-listen,
-where `make run`'s operator serves it (its --transcript-api-listen default), and the trigger
+where `make run`'s store API serves it (the Makefile reads it), and the trigger
 receiver's serving pair and credential (.local/receiver/, .local/receiver.kubeconfig), which
 `make run` starts it with. The node is
 the development node `dev-node` by default; with `--node real`, the real node `real-node`
@@ -96,6 +96,8 @@ class _Paths:
         self.store = state / "agentrun.db"
         self.operator_pid = state / "operator.pid"
         self.operator_log = state / "operator.log"
+        self.store_api_pid = state / "store-api.pid"
+        self.store_api_log = state / "store-api.log"
         self.realnode = state / "realnode"
         self.store_api_tls = state / "store-api"
         self.receiver = state / "receiver"
@@ -119,8 +121,8 @@ def serve(paths: _Paths, node_kind: str = "dev") -> None:
                                (plane.operator_kubeconfig, paths.operator_kubeconfig)):
             shutil.copy(source, target)
             target.chmod(0o600)
-        # The store API's pair and CA, where the operator looks for them by default when it
-        # runs from this checkout (`make run`).
+        # The store API's pair and CA, where `make run` gives them to the store API and the
+        # operator (the CA, for runner pods) from this checkout.
         tls = plane.store_api_tls
         assert tls is not None
         paths.store_api_tls.mkdir(parents=True, exist_ok=True)
@@ -128,7 +130,7 @@ def serve(paths: _Paths, node_kind: str = "dev") -> None:
             shutil.copy(source, paths.store_api_tls / name)
             (paths.store_api_tls / name).chmod(0o600)
         _receiver_files(plane, paths)
-        # The transcript API: the API server proxies to where the operator serves it.
+        # The transcript API: the API server proxies to where the store API serves it.
         endpoint = transcript_api.TranscriptEndpoint(plane.host_address, free_port())
         transcript_api.register(plane, endpoint)
         (paths.store_api_tls / "transcript-api-listen").write_text(endpoint.listen + "\n")
@@ -218,19 +220,22 @@ def up(paths: _Paths, node_kind: str = "dev") -> int:
     return 0
 
 
-def _stop_operator(paths: _Paths) -> None:
-    """The operator the demo started in the background (pid in <state>/operator.pid)."""
-    try:
-        pid = int(paths.operator_pid.read_text())
-    except (OSError, ValueError):
-        return
-    stop_pid(pid, timeout=20, what="operator shutdown")
-    paths.operator_pid.unlink(missing_ok=True)
-    paths.operator_log.unlink(missing_ok=True)
+def _stop_programs(paths: _Paths) -> None:
+    """The operator and the store API the demo started in the background (pids in
+    <state>/operator.pid and <state>/store-api.pid)."""
+    for what, pid_file, log in (("operator", paths.operator_pid, paths.operator_log),
+                                ("store API", paths.store_api_pid, paths.store_api_log)):
+        try:
+            pid = int(pid_file.read_text())
+        except (OSError, ValueError):
+            continue
+        stop_pid(pid, timeout=20, what=f"{what} shutdown")
+        pid_file.unlink(missing_ok=True)
+        log.unlink(missing_ok=True)
 
 
 def down(paths: _Paths) -> int:
-    _stop_operator(paths)
+    _stop_programs(paths)
     # `make kueue`'s Kueue, before the API server it serves goes.
     kueue.down(kueue._Paths(paths.state), quiet=True)
     pid = _running(paths)

@@ -3,9 +3,10 @@
     python -m agentrun_devtools.demo [--state .local]
 
 Starts the development cluster if it is not up (control plane + development node, state in
---state), installs the CRDs and admission policies (`make install`), starts the operator in
-the background (log: <state>/operator.log, pid: <state>/operator.pid; embedded SQLite store
-<state>/agentrun.db), then tells three stories in namespace `demo`:
+--state), installs the CRDs and admission policies (`make install`), starts the operator and
+the store API in the background, each its own process (logs: <state>/operator.log and
+<state>/store-api.log, pids: <state>/operator.pid and <state>/store-api.pid; embedded SQLite
+store <state>/agentrun.db), then tells three stories in namespace `demo`:
 
 1. a support agent sends an email and its pod is evicted while the email tool has not
    answered yet: Failed, toolsExecuted [send_email]; a replay is refused and says why; a
@@ -65,7 +66,7 @@ from agentrun.vocabulary import (
 )
 from agentrun_devtools import cluster
 from agentrun_devtools.controlplane import REPO
-from agentrun_devtools.processes import pids_alive, wait_for
+from agentrun_devtools.processes import ProcessDied, free_port, pids_alive, wait_for
 
 NAMESPACE = "demo"
 USER = "sam"  # may create and edit replays, may not force
@@ -165,7 +166,7 @@ class Demo:
             say(f"  {line}")
         if done.returncode != 0:
             raise RuntimeError("make install failed")
-        self.start_operator()
+        self.start_programs()
         self.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--timeout=120s",
                      show=False)
         self.kubectl("create", "namespace", NAMESPACE)
@@ -178,43 +179,61 @@ class Demo:
                      check=False)
         self.wait_for_policy()
 
-    def start_operator(self) -> None:
-        pid_file = self.state / "operator.pid"
-        log = self.state / "operator.log"
+    def start_programs(self) -> None:
+        """The operator and the store API in the background, each its own process, as
+        `make run` runs them in the foreground (pids and logs: <state>/operator.pid and
+        .log, <state>/store-api.pid and .log; `cluster down` stops them)."""
         with contextlib.suppress(OSError, ValueError):
-            pid = int(pid_file.read_text())
+            pid = int(self.paths.operator_pid.read_text())
             if pids_alive([pid]):
-                say(f"operator already running (pid {pid}, log {log})")
+                say(f"operator already running (pid {pid}, log {self.paths.operator_log})")
                 return
         env = {**self.env, "KUBECONFIG": str(self.paths.operator_kubeconfig)}
-        tls = self.paths.store_api_tls  # the store API's pair, which `up` wrote there
-        # Where `up` registered the transcript API (APIService v1alpha1.store.agentrun.dev).
+        # The store API speaks TLS only: the development pair `cluster up` wrote into this
+        # state directory; the transcript API where `up` registered it (APIService
+        # v1alpha1.store.agentrun.dev).
+        tls = self.paths.store_api_tls
         listen = tls / "transcript-api-listen"
-        transcripts = [f"--transcript-api-listen={listen.read_text().strip()}"] \
+        transcripts = [f"--transcript-listen={listen.read_text().strip()}"] \
             if listen.is_file() else []
+        address = f"127.0.0.1:{free_port()}"
+        store_api = self.background(
+            self.paths.store_api_pid, self.paths.store_api_log,
+            [str(VENV_BIN / "agentrun-store-api"), f"--listen={address}",
+             f"--tls-cert-file={tls / 'tls.crt'}", f"--tls-private-key-file={tls / 'tls.key'}",
+             *transcripts], env)
+        # The demo's runs use the scripted model, which the operator honours only when
+        # told to (the chart leaves it off).
+        operator = self.background(
+            self.paths.operator_pid, self.paths.operator_log,
+            [str(VENV_BIN / "agentrun-operator"), "--allow-scripted-model",
+             f"--store-api-url=https://{address}", f"--store-api-ca-file={tls / 'ca.crt'}"],
+            env)
+        self.wait_logged(operator, self.paths.operator_log, "event=started")
+        # Ready once the operator has migrated the store.
+        self.wait_logged(store_api, self.paths.store_api_log, "event=store-ready")
+        say(f"operator started in the background (pid {operator.pid}, log "
+            f"{self.paths.operator_log}, store {self.store_url})")
+        say(f"store API started in the background (pid {store_api.pid}, log "
+            f"{self.paths.store_api_log}, https://{address})")
+
+    def background(self, pid_file: Path, log: Path, argv: list[str],
+                   env: dict[str, str]) -> subprocess.Popen[bytes]:
         with open(log, "w") as out:
-            # The demo's runs use the scripted model, which the operator honours only
-            # when told to (the chart leaves it off).
-            # The store API speaks TLS only: the development pair `cluster up` wrote into
-            # this state directory (the operator's defaults name the checkout's .local).
-            tls = self.paths.store_api_tls
-            process = subprocess.Popen(
-                [str(VENV_BIN / "agentrun-operator"), "--allow-scripted-model",
-                 f"--store-api-tls-cert-file={tls / 'tls.crt'}",
-                 f"--store-api-tls-key-file={tls / 'tls.key'}",
-                 f"--store-api-ca-file={tls / 'ca.crt'}", *transcripts], stdout=out,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                start_new_session=True)
+            process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, env=env,
+                                       start_new_session=True)
         pid_file.write_text(str(process.pid))
+        return process
 
-        def started() -> bool:
+    def wait_logged(self, process: subprocess.Popen[bytes], log: Path, marker: str) -> None:
+        def logged() -> bool:
             if process.poll() is not None:
-                raise RuntimeError(f"the operator exited; see {log}:\n{log.read_text()[-3000:]}")
-            return "event=started" in log.read_text(errors="replace")
+                raise ProcessDied(f"{log.stem} exited; see {log}:\n"
+                                   f"{log.read_text()[-3000:]}")
+            return marker in log.read_text(errors="replace")
 
-        self.wait("operator", started, timeout=60)
-        say(f"operator started in the background (pid {process.pid}, log {log}, "
-            f"store {self.store_url})")
+        self.wait(f"{marker} in {log.name}", logged, timeout=60)
 
     def wait_for_policy(self) -> None:
         """A new admission policy is enforced a few seconds after it is created; until then
@@ -494,7 +513,7 @@ class Demo:
             f"kubectl agentrun replay lookup-7 -n {NAMESPACE}     # a second replay: "
             "AlreadyReplayed",
             f"kubectl get events -n {NAMESPACE} --sort-by=.lastTimestamp",
-            f"tail -f {self.state / 'operator.log'}",
+            f"tail -f {self.paths.operator_log} {self.paths.store_api_log}",
             "make dev-cluster-down" if default else
             f"PYTHONPATH={REPO / 'devtools'} {sys.executable} -m agentrun_devtools.cluster "
             f"down --state {self.state}",
@@ -527,7 +546,8 @@ def main(argv: list[str] | None = None) -> int:
         demo.story_approval()
     except (RuntimeError, TimeoutError) as e:
         say(f"\ndemo failed: {e}")
-        say(f"operator log: {demo.state / 'operator.log'}")
+        say(f"operator log: {demo.paths.operator_log}; store API log: "
+            f"{demo.paths.store_api_log}")
         return 1
     demo.look_around()
     say(f"\ndemo finished in {time.monotonic() - began:.0f}s")

@@ -2,10 +2,10 @@
 registers it in a cluster: an APIService v1alpha1.store.agentrun.dev naming the Service
 agentrun-store in agentrun-system, port 443 (`transcripts`), with the store API's CA.
 
-Here the transcript API is served by the operator's in-process store API, a process on
-this host, not a pod: the Service has no selector and an EndpointSlice written here names
-the host's own address (an EndpointSlice may not name a loopback one), where the operator
-is told to listen (--transcript-api-listen). The API server runs with
+Here the transcript API is served by `agentrun-store-api` as a process on this host, not a
+pod: the Service has no selector and an EndpointSlice written here names the host's own
+address (an EndpointSlice may not name a loopback one), where the store API is told to
+listen (--transcript-listen). The API server runs with
 --enable-aggregator-routing=true and dials that endpoint itself (there is no kube-proxy).
 Its serving certificate is the control plane's store API pair, which carries the host's
 address and the Service's names (ControlPlane.store_api_tls).
@@ -63,7 +63,7 @@ class TranscriptEndpoint:
 
     @property
     def listen(self) -> str:
-        """The operator's --transcript-api-listen."""
+        """The store API's --transcript-listen."""
         return f"{self.address}:{self.port}"
 
 

@@ -30,25 +30,16 @@ from kubernetes.client.exceptions import ApiException
 from agentrun import agents, policy, store
 from agentrun.vocabulary import AGENT_PLURAL, AgentReason, Condition, Reason
 from agentrun_operator import events
-from agentrun_operator.status import stamp
+from agentrun_operator.controller import Context
+from agentrun_operator.status import condition
 
 if TYPE_CHECKING:
     from agentrun_operator.kube import Kube
-    from agentrun_operator.reconcile import Context
 
 log = logging.getLogger("agentrun.operator")
 
 # An Agent that waits for a Secret is looked at again this often.
 AGENT_RECHECK = 30.0
-
-
-def _condition(type_: str, status: str, reason: str, message: str, now: datetime.datetime,
-               previous: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    before = next((c for c in previous if c.get("type") == type_), None)
-    since = before.get("lastTransitionTime") if before is not None and before.get(
-        "status") == status and before.get("lastTransitionTime") else stamp(now)
-    return {"type": type_, "status": status, "reason": reason, "message": message,
-            "lastTransitionTime": since}
 
 
 def agent_status(resolution: agents.Resolution, missing_secrets: Sequence[str], *,
@@ -80,9 +71,9 @@ def agent_status(resolution: agents.Resolution, missing_secrets: Sequence[str], 
     status: dict[str, Any] = {
         "observedGeneration": generation,
         "conditions": [
-            _condition(Condition.READY, ready, reason, message, now, before),
-            _condition(Condition.RECONCILING, "False", reason, message, now, before),
-            _condition(Condition.STALLED, "False" if ready == "True" else "True", reason,
+            condition(Condition.READY, ready, reason, message, now, before),
+            condition(Condition.RECONCILING, "False", reason, message, now, before),
+            condition(Condition.STALLED, "False" if ready == "True" else "True", reason,
                        message, now, before),
         ],
     }

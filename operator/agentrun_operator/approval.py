@@ -4,12 +4,11 @@
 reconcile gathers the facts (the AgentRun, the call it waits for in the store), calls it,
 writes the decision into the store when it is the one (first valid approval wins, atomically
 in the store: `store.decide`), and shows the verdict. The run's own reconcile then resumes
-it (reconcile._waiting). An approval is decided once: its status is final.
+it (run.py: a decided call resumes the run). An approval is decided once: its status is final.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,13 +24,14 @@ from agentrun.vocabulary import (
 )
 from agentrun_operator import events, metrics
 from agentrun_operator import status as st
-from agentrun_operator.reconcile import Context, now
+from agentrun_operator.controller import Context, now
+
+# The status of the call a run waits for is built with the run's (status.py).
+from agentrun_operator.status import ARGS_SHOWN as ARGS_SHOWN
+from agentrun_operator.status import call_text as call_text
+from agentrun_operator.status import pending_status as pending_status
 
 log = logging.getLogger("agentrun.operator")
-
-# status.pendingApproval.args: the first ARGS_SHOWN bytes of the arguments' JSON.
-ARGS_SHOWN = 1024
-
 
 @dataclass(frozen=True)
 class Verdict:
@@ -89,27 +89,6 @@ def judge(spec: Mapping[str, Any], run_name: str, run_exists: bool,
     return Verdict(ApprovalPhase.ACCEPTED, ApprovalReason.DECIDED,
                    f"Call {seq} ({pending.tool}) of AgentRun {run_name} is {said} by "
                    f"{spec.get('approver')}; the run goes on.")
-
-
-def pending_status(waiting: store.Approval) -> dict[str, Any]:
-    """status.pendingApproval of the call a run waits for."""
-    args = waiting.args
-    shown = st.utf8_prefix(args, ARGS_SHOWN)
-    return {"attempt": waiting.attempt, "seq": waiting.seq, "tool": waiting.tool,
-            "argsDigest": waiting.args_digest, "args": shown, "argsTruncated": shown != args,
-            "requestedAt": st.stamp(waiting.requested_at),
-            "expiresAt": st.stamp(waiting.expires_at)}
-
-
-def call_text(waiting: store.Approval, limit: int = 200) -> str:
-    """`tool(arg=value, ...)`, shortened, for messages and Events."""
-    try:
-        args = json.loads(waiting.args)
-        inner = ", ".join(f"{k}={json.dumps(v)}" for k, v in args.items())
-    except (ValueError, AttributeError):
-        inner = waiting.args
-    said = f"{waiting.tool}({inner})"
-    return said if len(said) <= limit else said[: limit - 1] + "…"
 
 
 async def reconcile_approval(ctx: Context, namespace: str, name: str) -> float | None:

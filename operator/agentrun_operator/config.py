@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 from collections.abc import Mapping
@@ -20,8 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 # installed elsewhere (a wheel, an image) there is no default: the store must be named.
 _CHECKOUT = (REPO / "pyproject.toml").is_file() and (REPO / "operator").is_dir()
 DEV_DATABASE_URL = f"sqlite:///{REPO / '.local' / 'agentrun.db'}" if _CHECKOUT else ""
-# The development cluster's store API certificate (`make dev-cluster` writes it), in the
-# same way: only from a checkout.
+# The CA of the development cluster's store API certificate (`make dev-cluster` writes
+# it), in the same way: only from a checkout.
 DEV_STORE_API_TLS = REPO / ".local" / "store-api"
 
 
@@ -30,34 +29,18 @@ def _dev_tls(name: str) -> str:
     return str(path) if _CHECKOUT and path.is_file() else ""
 
 
-def _dev_transcript_listen() -> str:
-    # Where the development cluster's APIService v1alpha1.store.agentrun.dev sends the API
-    # server (make dev-cluster registers it and writes the address here).
-    path = DEV_STORE_API_TLS / "transcript-api-listen"
-    return path.read_text().strip() if _CHECKOUT and path.is_file() else ""
-
-
 @dataclass(frozen=True)
 class OperatorConfig:
     """What the operator needs to know besides the cluster's own objects."""
 
     database_url: str = DEV_DATABASE_URL
-    # The store API, which runner pods use instead of a database credential: served in
-    # this process on `store_api_listen` (the development cluster; "" = not here), and
-    # reached by runners at `store_api_url` (default: where this process serves it).
-    # A fixed port by default: runner pods keep the URL they were given, so an operator
-    # that restarts must serve the store API where it did before.
-    store_api_listen: str = "127.0.0.1:8089"
+    # The store API, which runner pods use instead of a database credential: its URL as
+    # runner pods reach it (`agentrun-store-api` serves it, a program of its own: the
+    # chart's Deployment agentrun-store, `make run`'s second process), the audience of
+    # their tokens, and the CA (PEM text) they verify it with ("" = the image's roots).
     store_api_url: str = ""
     store_api_audience: str = STORE_AUDIENCE
-    # The store API speaks TLS only: the serving pair when it is served here, and the CA
-    # (PEM text) runner pods verify it with (AGENTRUN_STORE_CA; "" = the image's roots).
-    store_api_tls_cert_file: str = ""
-    store_api_tls_key_file: str = ""
     store_api_ca: str = ""
-    # The transcript API (store.agentrun.dev), served with the store API on its own
-    # HOST:PORT, where the cluster's APIService points ("" = not here).
-    transcript_api_listen: str = ""
     # Where the trigger receiver (agentrun-receiver) is served, as senders reach it: an
     # AgentRunTrigger's status.url is this and /v1/triggers/<namespace>/<name> ("" = not
     # known: no status.url).
@@ -140,13 +123,6 @@ def _env(name: str, default: str) -> str:
     return os.environ.get(name, default)
 
 
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:  # its parent package is missing too
-        return False
-
-
 def parse(argv: list[str] | None = None) -> OperatorConfig:
     """Reads flags (falling back to AGENTRUN_* environment variables, then defaults)."""
     p = argparse.ArgumentParser(
@@ -155,36 +131,21 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
     p.add_argument("--database-url", default=_env("DATABASE_URL", DEV_DATABASE_URL),
                    help="SQLAlchemy URL of the run store (env DATABASE_URL; default: the "
                         "development cluster's SQLite file .local/agentrun.db)")
-    p.add_argument("--store-api-listen",
-                   default=_env("AGENTRUN_STORE_API_LISTEN", "127.0.0.1:8089"),
-                   help="serve the store API for runner pods in this process on HOST:PORT "
-                        "(empty: not here, a separate agentrun-store-api serves it). Keep "
-                        "the port across restarts: runner pods keep the URL they were given")
     p.add_argument("--store-api-url", default=_env("AGENTRUN_STORE_API_URL", ""),
-                   help="the store API's URL as runner pods reach it (default: where this "
-                        "process serves it)")
+                   help="the store API's URL as runner pods reach it (https://...; "
+                        "agentrun-store-api serves it: the chart's agentrun-store Service, "
+                        "make run's second process)")
+    # Earlier releases could serve the store API in this process (--store-api-listen=
+    # HOST:PORT), and the chart turned that off with an empty value, which is still taken.
+    p.add_argument("--store-api-listen", default="", help=argparse.SUPPRESS)
     p.add_argument("--store-api-audience", default=_env("AGENTRUN_STORE_AUDIENCE",
                                                         STORE_AUDIENCE),
                    help="the audience of the runner pods' projected store tokens")
-    p.add_argument("--store-api-tls-cert-file",
-                   default=_env("AGENTRUN_STORE_API_TLS_CERT_FILE", _dev_tls("tls.crt")),
-                   help="the serving certificate of the store API served in this process "
-                        "(default on the development cluster: .local/store-api/tls.crt)")
-    p.add_argument("--store-api-tls-key-file",
-                   default=_env("AGENTRUN_STORE_API_TLS_KEY_FILE", _dev_tls("tls.key")),
-                   help="its private key (default: .local/store-api/tls.key)")
     p.add_argument("--store-api-ca-file",
                    default=_env("AGENTRUN_STORE_API_CA_FILE", _dev_tls("ca.crt")),
                    help="the CA that issued the store API's certificate, given to runner "
                         "pods to verify it (default: .local/store-api/ca.crt; empty: the "
                         "runner image's trusted roots)")
-    p.add_argument("--transcript-api-listen",
-                   default=_env("AGENTRUN_TRANSCRIPT_API_LISTEN", _dev_transcript_listen()),
-                   help="with --store-api-listen: also serve the transcript API (the "
-                        "aggregated API store.agentrun.dev) on HOST:PORT, with the store "
-                        "API's certificate (default on the development cluster: where its "
-                        "APIService points, .local/store-api/transcript-api-listen; empty: "
-                        "not served)")
     p.add_argument("--receiver-url", default=_env("AGENTRUN_RECEIVER_URL", ""),
                    help="the trigger receiver's address as senders reach it (an ingress's, "
                         "or the receiver's Service); AgentRunTriggers' status.url is it and "
@@ -272,26 +233,13 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
                         "loosen it (JSON: a list of {name, effect, approval, "
                         "approvalTimeoutSeconds}, as spec.tools; the chart's toolPolicy)")
     a = p.parse_args(argv)
-    if not a.store_api_listen and not a.store_api_url:
-        p.error("runner pods need the store API: give --store-api-listen (serve it here) "
-                "or --store-api-url (where agentrun-store-api serves it)")
-    if a.store_api_listen and not (_installed("google.adk")
-                                   and _installed("agentrun_store_api")):
-        p.error(f"--store-api-listen={a.store_api_listen} serves the store API in this "
-                "process, which needs ADK and the store API's package, and this installation "
-                "lacks them (agentrun[operator]). Run agentrun-store-api on its own "
-                "(agentrun[store-api]; the chart does) and start the operator with "
-                "--store-api-listen= --store-api-url=<where it serves>, or install "
-                "agentrun[operator,store-api]")
-    if a.store_api_listen and not (a.store_api_tls_cert_file and a.store_api_tls_key_file):
-        p.error(f"--store-api-listen={a.store_api_listen} serves the store API in this "
-                "process, over TLS only: give --store-api-tls-cert-file and "
-                "--store-api-tls-key-file (make dev-cluster writes them to "
-                ".local/store-api/)")
-    if a.transcript_api_listen and not a.store_api_listen:
-        p.error(f"--transcript-api-listen={a.transcript_api_listen} is served with the store "
-                "API in this process: give --store-api-listen too (or run agentrun-store-api "
-                "--transcript-listen)")
+    if a.store_api_listen:
+        p.error(f"--store-api-listen={a.store_api_listen}: the operator does not serve the "
+                "store API; run agentrun-store-api --listen=HOST:PORT beside it (the chart "
+                "and make run do) and give the operator --store-api-url=https://HOST:PORT")
+    if not a.store_api_url:
+        p.error("runner pods need the store API: give --store-api-url (or "
+                "AGENTRUN_STORE_API_URL), where agentrun-store-api serves it")
     ca = ""
     if a.store_api_ca_file:
         try:
@@ -325,13 +273,9 @@ def parse(argv: list[str] | None = None) -> OperatorConfig:
                 "in a cluster; sqlite:///PATH on a development machine)")
     return OperatorConfig(
         database_url=a.database_url,
-        store_api_listen=a.store_api_listen,
         store_api_url=a.store_api_url,
         store_api_audience=a.store_api_audience,
-        store_api_tls_cert_file=a.store_api_tls_cert_file,
-        store_api_tls_key_file=a.store_api_tls_key_file,
         store_api_ca=ca,
-        transcript_api_listen=a.transcript_api_listen,
         receiver_url=a.receiver_url,
         allow_scripted_model=a.allow_scripted_model,
         allow_self_approval=a.allow_self_approval,

@@ -3,15 +3,20 @@
 
 Events are posted in the background, never in a reconcile's way (an eviction's Failed is
 not held up by its Event), through the operator's API client, once `configure` has been
-called; before that (a step called directly in a test) the status says the same.
+called; before that (a step called directly in a test) the status says the same. They go
+out on threads of their own (EVENT_THREADS): a burst of launches posts three Events a run,
+and on the threads the reconciles share they would queue ahead of every pod create and
+status write (the Job controller's event recorder is asynchronous for the same reason).
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import logging
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kubernetes import client
@@ -21,14 +26,20 @@ from agentrun.vocabulary import API_VERSION, REPLAY_KIND, RUN_KIND
 log = logging.getLogger("agentrun.operator")
 COMPONENT = "agentrun-operator"
 
+# Threads that post Events (the API client's connection pool holds as many more).
+EVENT_THREADS = 4
+
 _core: Any = None
+_threads: ThreadPoolExecutor | None = None
 _pending: set[asyncio.Task[None]] = set()
 
 
 def configure(api: client.ApiClient | None) -> None:
     """Where Events go (None: nowhere)."""
-    global _core
+    global _core, _threads
     _core = None if api is None else client.CoreV1Api(api)
+    if _threads is None and api is not None:
+        _threads = ThreadPoolExecutor(EVENT_THREADS, "events")
 
 
 def post(obj: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
@@ -56,6 +67,7 @@ def post(obj: Mapping[str, Any], reason: str, message: str, *, warning: bool = F
 
 async def _send(namespace: str, body: dict[str, Any]) -> None:
     try:
-        await asyncio.to_thread(_core.create_namespaced_event, namespace, body)
+        await asyncio.get_running_loop().run_in_executor(
+            _threads, functools.partial(_core.create_namespaced_event, namespace, body))
     except Exception as e:  # an Event is a courtesy; the status is the record
         log.warning("event=event-post-failed reason=%s error=%r", body["reason"], e)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
 import random
@@ -44,11 +43,12 @@ from agentrun_operator import events, metrics, retention, startup_checks, usage
 from agentrun_operator.agents import reconcile_agent, slim_agent
 from agentrun_operator.approval import reconcile_approval
 from agentrun_operator.config import OperatorConfig
+from agentrun_operator.controller import Context, slim_node, slim_pod, slim_run, work
 from agentrun_operator.informer import Informer, Informers, key_of
 from agentrun_operator.kube import Kube
 from agentrun_operator.leader import LeaderElection
 from agentrun_operator.queue import gated
-from agentrun_operator.reconcile import Context, slim_node, slim_pod, slim_run, work
+from agentrun_operator.reconcile import reconcile_run
 from agentrun_operator.replay import reconcile_replay
 from agentrun_operator.schedule_reconcile import index_run, list_schedule_runs, reconcile_schedule
 from agentrun_operator.status import node_ready
@@ -107,22 +107,6 @@ async def migrate_when_reachable(url: str) -> None:
             delay = min(delay * 2, STORE_WAIT_LONGEST)
 
 
-async def _serve_transcripts(config: OperatorConfig, api: client.ApiClient) -> Any:
-    """The transcript API beside the in-process store API (the development cluster), with
-    its own small pool; (served, engine), or None when not asked for."""
-    if not config.transcript_api_listen:
-        return None
-    from agentrun_store_api.tls import ServingCertificate
-    from agentrun_store_api.transcripts import TRANSCRIPT_POOL_SIZE, serve_transcripts
-
-    engine = store.make_engine(config.database_url, pool_size=TRANSCRIPT_POOL_SIZE,
-                               max_overflow=0)
-    served = await serve_transcripts(
-        config.transcript_api_listen, engine, api,
-        tls=ServingCertificate(config.store_api_tls_cert_file, config.store_api_tls_key_file))
-    return served, engine
-
-
 def register(config: OperatorConfig) -> kopf.OperatorRegistry:
     """Every handler of the operator, on a fresh registry."""
     registry = kopf.OperatorRegistry()
@@ -141,34 +125,9 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
         loop.set_default_executor(ThreadPoolExecutor(API_THREADS, "kube"))
         metrics.serve(config.metrics_port)
         await migrate_when_reachable(config.database_url)
-        kube = Kube(pool=API_THREADS)
+        kube = Kube(pool=API_THREADS + events.EVENT_THREADS)
         events.configure(kube.api)
-        running = config
-        memo.store_api = memo.transcripts = None
-        if config.store_api_listen:
-            # In this process (the development cluster): the only part of the operator
-            # that needs ADK, so imported only here (config.parse checked it is installed).
-            from agentrun_store_api import app as store_api
-            from agentrun_store_api import metrics as store_metrics
-            from agentrun_store_api.limits import POOL_OVERFLOW, POOL_SIZE
-            from agentrun_store_api.tls import ServingCertificate
-
-            # Its model labels: the price map's and the chart's modelPrices (checked by
-            # config.parse).
-            store_metrics.price_models(store_metrics.price_models_of(config.model_prices))
-
-            # Its own small pool: runner traffic never waits behind the operator's.
-            memo.store_api_engine = store.make_engine(
-                config.database_url, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW)
-            memo.store_api = await store_api.serve(
-                config.store_api_listen, memo.store_api_engine, kube.api,
-                tls=ServingCertificate(config.store_api_tls_cert_file,
-                                       config.store_api_tls_key_file),
-                audience=config.store_api_audience)
-            if not config.store_api_url:
-                running = dataclasses.replace(config, store_api_url=memo.store_api.url)
-            memo.transcripts = await _serve_transcripts(config, kube.api)
-        ctx = memo.ctx = Context(config=running, engine=store.make_engine(
+        ctx = memo.ctx = Context(config=config, engine=store.make_engine(
             config.database_url, pool_size=5, max_overflow=5), kube=kube)
         # Read at scrape time, in the server's thread: a copy in one step (no iteration
         # of a dict the event loop changes meanwhile).
@@ -242,12 +201,13 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
             # schedules, listed once, so that no schedule is looked at on a cache that
             # kopf's watch has not filled yet (it then keeps them current).
             await list_schedule_runs(ctx, named, watched)
-            memo.workers = [asyncio.create_task(work(ctx, {"replay": reconcile_replay,
+            memo.workers = [asyncio.create_task(work(ctx, {"run": reconcile_run,
+                                                           "replay": reconcile_replay,
                                                            "approval": reconcile_approval,
                                                            "schedule": reconcile_schedule,
                                                            "trigger": reconcile_trigger,
                                                            "agent": reconcile_agent}))
-                            for _ in range(running.workers)]
+                            for _ in range(config.workers)]
             memo.workers.append(asyncio.create_task(retention.purge_daily(ctx)))
             memo.workers.append(asyncio.create_task(usage.watch(ctx)))
             resync_all(ctx)
@@ -272,11 +232,10 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
             await lead()
         memo.tasks.append(asyncio.create_task(_resync_forever(ctx)))
         memo.tasks.append(asyncio.create_task(startup_checks.check(ctx)))
-        log.info("event=started store=%s store_api=%s namespaces=%s workers=%s election=%s "
-                 "transcript_api=%s", store.redact(config.database_url),
-                 running.store_api_url, ",".join(config.namespaces) or "*", running.workers,
-                 config.leader_election_namespace or "off",
-                 memo.transcripts[0].url if memo.transcripts else "-")
+        log.info("event=started store=%s store_api=%s namespaces=%s workers=%s election=%s",
+                 store.redact(config.database_url), config.store_api_url,
+                 ",".join(config.namespaces) or "*", config.workers,
+                 config.leader_election_namespace or "off")
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
@@ -290,12 +249,6 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
         memo.ctx.pods.stop()
         memo.ctx.nodes.stop()
         memo.ctx.workloads.stop()
-        if memo.transcripts is not None:
-            await memo.transcripts[0].stop()
-            await memo.transcripts[1].dispose()
-        if memo.store_api is not None:
-            await memo.store_api.stop()
-            await memo.store_api_engine.dispose()
         await memo.ctx.engine.dispose()
 
     @kopf.on.event(GROUP, VERSION, RUN_PLURAL, registry=registry)

@@ -1,6 +1,6 @@
 """Prometheus metrics of the operator (served on --metrics-port when it is set; the store
-API has its own, agentrun_store_api.metrics, which join these when the operator serves it).
-docs/operator.md has the table; the chart's dashboard reads only these names."""
+API, a program of its own, serves its own, agentrun_store_api.metrics). docs/operator.md
+has the table; the chart's dashboard reads only these names."""
 
 from __future__ import annotations
 

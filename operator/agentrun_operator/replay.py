@@ -33,6 +33,7 @@ from agentrun.vocabulary import (
 )
 from agentrun_operator import authorize, events, metrics
 from agentrun_operator import status as st
+from agentrun_operator.controller import Context, now
 from agentrun_operator.decide import (
     Decision,
     Journal,
@@ -42,8 +43,8 @@ from agentrun_operator.decide import (
     is_forced,
     replay_decided,
 )
+from agentrun_operator.journal import journal_of
 from agentrun_operator.kube import api_message
-from agentrun_operator.reconcile import Context, journal_of, now
 
 log = logging.getLogger("agentrun.operator")
 
@@ -343,23 +344,16 @@ async def _write_status(
     tools: list[str] | None, new_name: str | None, *, condition_status: str | None = None,
 ) -> None:
     meta, previous = replay["metadata"], replay.get("status") or {}
-    stamp = st.stamp(now())
-    value = condition_status or ("True" if decision.approved else "False")
-    before: Mapping[str, Any] = next((c for c in previous.get("conditions") or []
-                   if c.get("type") == Condition.APPROVED), {})
-    condition = {"type": Condition.APPROVED, "status": value, "reason": decision.reason,
-                 "message": decision.message,
-                 "lastTransitionTime": before.get("lastTransitionTime")
-                 if before.get("status") == value else stamp}
-    patch: dict[str, Any] = {
+    moment = now()
+    before = list(previous.get("conditions") or [])
+    condition = st.condition(Condition.APPROVED, condition_status or (
+        "True" if decision.approved else "False"), decision.reason, decision.message, moment,
+        before)
+    patch = st.with_gitops_conditions({
         "phase": decision.phase, "reason": decision.reason, "message": decision.message,
-        "decidedAt": stamp, "observedGeneration": meta.get("generation"),
-        "conditions": [condition],
-    }
-    patch = st.with_gitops_conditions(
-        {**patch, "conditions": [condition, *[c for c in previous.get("conditions") or []
-                                              if c.get("type") in st.GITOPS_TYPES]]},
-        meta.get("generation"), now())
+        "decidedAt": st.stamp(moment),
+        "conditions": [condition, *[c for c in before if c.get("type") in st.GITOPS_TYPES]],
+    }, meta.get("generation"), moment)
     # toolsExecuted is a copy of the original's at decision time: only a settled original
     # has one (null: unknown, which is said, not left out).
     if facts is not None and facts.phase in Phase.TERMINAL:

@@ -8,7 +8,7 @@ import datetime
 import logging
 
 from agentrun import store
-from agentrun_operator.reconcile import Context
+from agentrun_operator.controller import Context
 
 log = logging.getLogger("agentrun.operator")
 DAY = datetime.timedelta(days=1)

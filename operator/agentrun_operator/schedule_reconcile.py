@@ -41,8 +41,8 @@ from agentrun.vocabulary import (
     ScheduleReason,
 )
 from agentrun_operator import events, metrics
+from agentrun_operator.controller import Context, now, slim_run
 from agentrun_operator.kube import api_message
-from agentrun_operator.reconcile import Context, now, slim_run
 from agentrun_operator.schedule import (
     CANCEL,
     CREATE,

@@ -19,7 +19,7 @@ from agentrun.vocabulary import API_VERSION, RUN_KIND
 from agentrun_operator.kube import api_message
 
 if TYPE_CHECKING:
-    from agentrun_operator.reconcile import Context
+    from agentrun_operator.controller import Context
 
 log = logging.getLogger("agentrun.operator")
 

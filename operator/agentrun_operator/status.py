@@ -17,10 +17,11 @@ def stamp(now: datetime.datetime) -> str:
     return now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _condition(
+def condition(
     type_: str, status: str, reason: str, message: str, now: datetime.datetime,
     previous: Sequence[Mapping[str, Any]],
 ) -> dict[str, Any]:
+    """A condition of any of our kinds; its lastTransitionTime stays while its status does."""
     before = next((c for c in previous if c.get("type") == type_), None)
     since = stamp(now)
     if before is not None and before.get("status") == status and before.get(
@@ -36,13 +37,13 @@ def tools_condition(
 ) -> dict[str, Any]:
     """ToolsExecuted: True (some, named), False (checked: none), Unknown (could not check)."""
     if tools is None:
-        return _condition(Condition.TOOLS_EXECUTED, "Unknown", Condition.TOOL_STATE_UNKNOWN,
+        return condition(Condition.TOOLS_EXECUTED, "Unknown", Condition.TOOL_STATE_UNKNOWN,
                           "The run store could not be read; which tools ran is not known yet.",
                           now, previous)
     if not tools:
-        return _condition(Condition.TOOLS_EXECUTED, "False", Condition.NO_TOOL_CALLS,
+        return condition(Condition.TOOLS_EXECUTED, "False", Condition.NO_TOOL_CALLS,
                           "No tool was called.", now, previous)
-    return _condition(Condition.TOOLS_EXECUTED, "True", Condition.TOOL_CALLS_RECORDED,
+    return condition(Condition.TOOLS_EXECUTED, "True", Condition.TOOL_CALLS_RECORDED,
                       ", ".join(tools), now, previous)
 
 
@@ -53,7 +54,7 @@ def succeeded_condition(
     """Succeeded: Unknown while pending/running, True on success, False on failure/cancel."""
     value = {Phase.SUCCEEDED: "True", Phase.FAILED: "False", Phase.CANCELLED: "False"}.get(
         phase, "Unknown")
-    return _condition(Condition.SUCCEEDED, value, reason, message, now, previous)
+    return condition(Condition.SUCCEEDED, value, reason, message, now, previous)
 
 
 # (Ready, Reconciling, Stalled) by phase, on both kinds; api.md "Conditions for GitOps tools".
@@ -80,11 +81,11 @@ def gitops_conditions(
     kstatus and Argo CD decide from. An unknown phase is still being reconciled."""
     ready, reconciling, stalled = _GITOPS.get(phase, ("Unknown", "True", False))
     reason = reason or phase or "Reconciling"
-    conditions = [_condition(Condition.READY, ready, reason, message, now, previous),
-                  _condition(Condition.RECONCILING, reconciling, reason, message, now,
+    conditions = [condition(Condition.READY, ready, reason, message, now, previous),
+                  condition(Condition.RECONCILING, reconciling, reason, message, now,
                              previous)]
     if stalled:
-        conditions.append(_condition(Condition.STALLED, "True", reason, message, now,
+        conditions.append(condition(Condition.STALLED, "True", reason, message, now,
                                      previous))
     return conditions
 
@@ -98,10 +99,10 @@ def schedule_conditions(
     time zone cannot be parsed (nothing changes until its spec does). Never Reconciling
     once observed: a schedule is not converging on anything between two slots."""
     ready = "False" if stalled else "True"
-    conditions = [_condition(Condition.READY, ready, reason, message, now, previous),
-                  _condition(Condition.RECONCILING, "False", reason, message, now, previous)]
+    conditions = [condition(Condition.READY, ready, reason, message, now, previous),
+                  condition(Condition.RECONCILING, "False", reason, message, now, previous)]
     if stalled:
-        conditions.append(_condition(Condition.STALLED, "True", reason, message, now,
+        conditions.append(condition(Condition.STALLED, "True", reason, message, now,
                                      previous))
     return conditions
 
@@ -173,35 +174,6 @@ def tool_calls(entries: Sequence[Any]) -> dict[str, Any]:
     return published
 
 
-# Failures another attempt cannot mend: the same spec meets the same refusal again.
-NOT_RETRIED = frozenset({
-    Reason.DEADLINE_EXCEEDED, Reason.INPUT_UNAVAILABLE, Reason.STALE,
-    Reason.IMAGE_PULL_FAILED, Reason.MODEL_NOT_ALLOWED, Reason.POD_INVALID,
-    Reason.SESSION_BUSY, Reason.SESSION_NOT_OWNED,
-    # The run pinned its agent at launch: another attempt builds the same one.
-    Reason.AGENT_NOT_FOUND, Reason.AGENT_INVALID,
-    # The resumed attempt would open the same call under the same arguments again.
-    Reason.APPROVAL_MISMATCH,
-    # The run's spec.tools loosens what the Agent or the image declares: it always will.
-    Reason.POLICY_VIOLATION,
-})
-
-
-def should_retry(
-    spec: Mapping[str, Any], attempt: int, phase: str, reason: str,
-    tools: Sequence[str] | None,
-) -> bool:
-    """A new attempt only when the failed one provably called no tool (`[]`, never None),
-    attempts remain, and trying again can help (not for a spent deadline, a missing
-    input, a stale run or an image that will not pull)."""
-    if phase != Phase.FAILED or tools is None or len(tools) != 0:
-        return False
-    if reason in NOT_RETRIED:
-        return False
-    max_attempts = int(((spec.get("retry") or {}).get("maxAttempts")) or 1)
-    return attempt < max_attempts
-
-
 def stale_message(limit: datetime.timedelta) -> str:
     """The Stale message, with the figure of the configured limit ("6h", "90s", ...)."""
     seconds = int(limit.total_seconds())
@@ -226,12 +198,12 @@ def pod_waiting(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     names is missing, a volume cannot be mounted). None when there is nothing to say."""
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     name = meta.get("name", "?")
-    for condition in status.get("conditions") or []:
-        if condition.get("type") == "PodScheduled" and condition.get("status") == "False" \
-                and condition.get("reason") == "Unschedulable":
+    for scheduled in status.get("conditions") or []:
+        if scheduled.get("type") == "PodScheduled" and scheduled.get("status") == "False" \
+                and scheduled.get("reason") == "Unschedulable":
             return (Reason.POD_UNSCHEDULABLE,
                     f"Runner pod {name} cannot be scheduled: "
-                    f"{condition.get('message') or 'no node fits it'}. It stays Pending "
+                    f"{scheduled.get('message') or 'no node fits it'}. It stays Pending "
                     "until a node fits it; nothing has run.")
     for container in status.get("containerStatuses") or []:
         waiting = (container.get("state") or {}).get("waiting") or {}
@@ -248,7 +220,7 @@ def resumable_condition(resumable: bool, reason: str, message: str, now: datetim
                         previous: Mapping[str, Any]) -> dict[str, Any]:
     """Resumable: True when a failed attempt was resumed, False (with the refusal's reason
     and message) when spec.retry.resume asked for it and the journal did not allow it."""
-    return _condition(Condition.RESUMABLE, "True" if resumable else "False", reason, message,
+    return condition(Condition.RESUMABLE, "True" if resumable else "False", reason, message,
                       now, list(previous.get("conditions") or []))
 
 
@@ -304,5 +276,32 @@ def usage_status(usage: Any) -> dict[str, Any]:
 def approval_condition(pending: bool, reason: str, message: str, now: datetime.datetime,
                        previous: Mapping[str, Any]) -> dict[str, Any]:
     """ApprovalPending: True while a call waits for a decision; False once decided."""
-    return _condition(Condition.APPROVAL_PENDING, "True" if pending else "False", reason,
+    return condition(Condition.APPROVAL_PENDING, "True" if pending else "False", reason,
                       message, now, list(previous.get("conditions") or []))
+
+
+# status.pendingApproval.args: the first ARGS_SHOWN bytes of the arguments' JSON.
+ARGS_SHOWN = 1024
+
+
+def pending_status(waiting: Any) -> dict[str, Any]:
+    """status.pendingApproval of the call a run waits for (a store.Approval)."""
+    args = waiting.args
+    shown = utf8_prefix(args, ARGS_SHOWN)
+    return {"attempt": waiting.attempt, "seq": waiting.seq, "tool": waiting.tool,
+            "argsDigest": waiting.args_digest, "args": shown, "argsTruncated": shown != args,
+            "requestedAt": stamp(waiting.requested_at),
+            "expiresAt": stamp(waiting.expires_at)}
+
+
+def call_text(waiting: Any, limit: int = 200) -> str:
+    """`tool(arg=value, ...)` of a store.Approval, shortened, for messages and Events."""
+    import json
+
+    try:
+        args = json.loads(waiting.args)
+        inner = ", ".join(f"{k}={json.dumps(v)}" for k, v in args.items())
+    except (ValueError, AttributeError):
+        inner = waiting.args
+    said = f"{waiting.tool}({inner})"
+    return said if len(said) <= limit else said[: limit - 1] + "…"

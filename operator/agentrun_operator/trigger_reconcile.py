@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun.vocabulary import TRIGGER_PLURAL, Condition
 from agentrun_operator import events
-from agentrun_operator.reconcile import Context, now
+from agentrun_operator.controller import Context, now
 from agentrun_operator.trigger import (
     secret_state_of,
     trigger_decide,

@@ -4,7 +4,7 @@ The runner reports each model call's usage to the store; nothing about that reac
 operator's watches. Rather than look at every live run every few seconds, the leader asks
 the store, every USAGE_EVERY seconds, which runs' usage changed since the last time (one
 indexed read whatever the number of runs) and queues those; their reconcile writes the
-new figures, at most once per USAGE_EVERY per run (reconcile._live_usage).
+new figures, at most once per USAGE_EVERY per run (run.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import logging
 from agentrun import store
 from agentrun.vocabulary import Phase
 from agentrun_operator import metrics
-from agentrun_operator.reconcile import USAGE_EVERY, Context, now
+from agentrun_operator.controller import Context, now
+from agentrun_operator.run import USAGE_EVERY
 
 log = logging.getLogger("agentrun.operator")
 

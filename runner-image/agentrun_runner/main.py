@@ -25,6 +25,7 @@ from typing import Any
 from google.genai import types
 
 from agentrun import effects, policy
+from agentrun.attempt import AttemptIdentity
 from agentrun.vocabulary import (
     DEFAULT_USER_ID,
     SCRIPTED_MODEL,
@@ -40,7 +41,6 @@ from agentrun_runner.approvals import ApprovalRule, AwaitingApproval
 from agentrun_runner.budget import Budget, BudgetExceeded, Counted, Limits, unpriced
 from agentrun_runner.prices import Price, parse_overrides
 from agentrun_runner.store_client import (
-    Identity,
     StoreClient,
     StoreMemoryService,
     StoreRefused,
@@ -67,15 +67,9 @@ SCRIPTED_REFUSED_MESSAGE = (
 class RunnerConfig:
     """Everything the runner needs to know about its attempt."""
 
-    namespace: str
-    run_name: str
-    run_uid: str
-    attempt: int
-    agent: str
-    user_id: str
-    session_id: str
+    # Who the attempt is, as the environment names it (the store API's word counts).
+    identity: AttemptIdentity
     model: str | None
-    input_digest: str
     trigger: str
     agents_dir: Path
     store_url: str | None
@@ -156,15 +150,16 @@ def parse_config(argv: Sequence[str] | None, environ: dict[str, str]) -> RunnerC
         raise UsageError(f"{RunnerEnv.ATTEMPT} must be 1 or more")
     agents_dir = get(args.agents_dir, RunnerEnv.AGENTS_DIR)
     return RunnerConfig(
-        namespace=get(args.namespace, RunnerEnv.NAMESPACE, "default") or "default",
-        run_name=get(args.run_name, RunnerEnv.RUN_NAME, run_uid) or run_uid,
-        run_uid=run_uid,
-        attempt=attempt,
-        agent=agent,
-        user_id=get(args.user_id, RunnerEnv.USER_ID, DEFAULT_USER_ID) or DEFAULT_USER_ID,
-        session_id=get(args.session_id, RunnerEnv.SESSION_ID) or f"{run_uid}-{attempt}",
+        identity=AttemptIdentity(
+            namespace=get(args.namespace, RunnerEnv.NAMESPACE, "default") or "default",
+            run_name=get(args.run_name, RunnerEnv.RUN_NAME, run_uid) or run_uid,
+            run_uid=run_uid,
+            attempt=attempt,
+            agent=agent,
+            user_id=get(args.user_id, RunnerEnv.USER_ID, DEFAULT_USER_ID) or DEFAULT_USER_ID,
+            session_id=get(args.session_id, RunnerEnv.SESSION_ID) or f"{run_uid}-{attempt}",
+            input_digest=digest),
         model=get(args.model, RunnerEnv.MODEL),
-        input_digest=digest,
         trigger=get(args.trigger, RunnerEnv.TRIGGER, Trigger.MANUAL) or Trigger.MANUAL,
         agents_dir=Path(agents_dir) if agents_dir else default_agents_dir(),
         store_url=get(args.store_url, RunnerEnv.STORE_URL),
@@ -331,16 +326,17 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
     from agentrun_runner.usage import UsageMeter
 
     try:
-        me = await client.begin()
+        begun = await client.begin()
     except (StoreRefused, StoreUnreachable) as e:
         return _refuse(RunnerExit.STORE_UNAVAILABLE, "store.unavailable",
                        f"the run store cannot be used through the store API at "
                        f"{config.store_url}: {e}")
-    effects.bind_lineage(me.root_run_uid)
+    effects.bind_lineage(begun.root_run_uid)
     # The store API's word (from the pod's token) is what counts; the environment only
     # names it for the logs.
-    if (me.run_uid, me.attempt) != (config.run_uid, config.attempt):
-        logs.warning("identity.mismatch", env_uid=config.run_uid, env_attempt=config.attempt,
+    me, named = begun.identity, config.identity
+    if (me.run_uid, me.attempt) != (named.run_uid, named.attempt):
+        logs.warning("identity.mismatch", env_uid=named.run_uid, env_attempt=named.attempt,
                      uid=me.run_uid, attempt=me.attempt)
 
     snapshot = await client.input()
@@ -348,7 +344,7 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
         # Not reported: the store API recorded InputUnavailable itself when it found no
         # snapshot (a runner may not say of itself that nothing ran).
         message = (
-            f"The input snapshot {me.input_digest or config.input_digest} is not in the run "
+            f"The input snapshot {me.input_digest or named.input_digest} is not in the run "
             "store, so the agent was not started; no tool was called."
         )
         return _refuse(RunnerExit.INPUT_UNAVAILABLE, "input.unavailable", message)
@@ -361,7 +357,7 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
         watch = CallWatch()
         override: BaseLlm | None = None
         if config.model == SCRIPTED_MODEL:
-            override = ScriptedLlm.from_env(resuming=bool(me.resume_invocation))
+            override = ScriptedLlm.from_env(resuming=bool(begun.resume_invocation))
         elif config.model:
             override = LLMRegistry.new_llm(config.model)
         # Each agent keeps its model's own class (ADK builds a provider's requests from
@@ -380,7 +376,7 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
     except Exception as e:
         failure = Failure(
             RunnerExit.AGENT_ERROR, Reason.AGENT_ERROR,
-            f"The agent {config.agent!r} could not be loaded: {type(e).__name__}: {e}",
+            f"The agent {named.agent!r} could not be loaded: {type(e).__name__}: {e}",
         )
         await _report(client, failure)
         return _refuse(failure.code, "agent.load_failed", failure.message)
@@ -391,7 +387,7 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
         policy.of_rules(policy.AGENT, loaded.effects), run_declarations(config)])
     if loosened is not None:
         failure = Failure(RunnerExit.POLICY_VIOLATION, Reason.POLICY_VIOLATION,
-                          f"Run of {config.agent}: {loosened.message}")
+                          f"Run of {named.agent}: {loosened.message}")
         if loaded.built is not None:
             for server in loaded.built.servers:
                 await server.toolset.close()
@@ -416,25 +412,25 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
             failure = Failure(
                 RunnerExit.TOOL_SERVER_UNAVAILABLE if unavailable else RunnerExit.AGENT_INVALID,
                 Reason.TOOL_SERVER_UNAVAILABLE if unavailable else Reason.AGENT_INVALID,
-                f"Agent {config.agent}: {e}" if unavailable else
-                f"Agent {config.agent} cannot be built in this runner: {e}. No tool was "
+                f"Agent {named.agent}: {e}" if unavailable else
+                f"Agent {named.agent} cannot be built in this runner: {e}. No tool was "
                 "called.")
             for server in loaded.built.servers:
                 await server.toolset.close()
             await _report(client, failure)
             return _refuse(failure.code, "agent.servers_failed", failure.message)
-    budget = Budget(config.limits, Counted.of(me.usage), config.model_prices)
+    budget = Budget(config.limits, Counted.of(begun.usage), config.model_prices)
     # Every call goes through the ledger (below), so the model's turn that calls tools
     # rides on the first call's open.
     sessions = StoreSessionService(client, watch.failures, turns_ride_on_open=True)
     memory = StoreMemoryService(client)
-    journal = await client.journal() if me.resume_invocation else {}
-    ledger = WriteAheadLedger(client, watch.failures, root_run_uid=me.root_run_uid,
+    journal = await client.journal() if begun.resume_invocation else {}
+    ledger = WriteAheadLedger(client, watch.failures, root_run_uid=begun.root_run_uid,
                               overrides=tool_effects, journal=journal, budget=budget,
-                              approvals=tool_approvals, decisions=me.decisions)
+                              approvals=tool_approvals, decisions=begun.decisions)
     runner = Runner(
         app=App(
-            name=config.agent,
+            name=named.agent,
             root_agent=root_agent,
             # The budget first: a call past a limit is refused before anything records it.
             plugins=[UsageMeter(budget, client, models, watch.failures),
@@ -443,7 +439,7 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
             # function calls (through the ledger: answered from the journal, or run again)
             # and asks the model only for what comes after the recorded responses.
             resumability_config=ResumabilityConfig(is_resumable=True)
-            if me.resume_invocation else None,
+            if begun.resume_invocation else None,
         ),
         session_service=sessions,
         memory_service=memory,
@@ -455,12 +451,12 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
     answer = ""
     try:
         session = await sessions.get_session(
-            app_name=config.agent, user_id=me.user_id, session_id=me.session_id
+            app_name=named.agent, user_id=me.user_id, session_id=me.session_id
         )
         if session is None:
             try:
                 await sessions.create_session(
-                    app_name=config.agent, user_id=me.user_id, session_id=me.session_id,
+                    app_name=named.agent, user_id=me.user_id, session_id=me.session_id,
                 )
                 logs.info("session.created", session=me.session_id)
             except AlreadyExistsError:
@@ -468,13 +464,13 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
         else:
             logs.info("session.continued", session=me.session_id, events=len(session.events))
         logs.info("agent.start", model=config.model or "agent-default",
-                  resumes=me.resume_invocation or "-")
-        if me.resume_invocation:
-            _check_resumable(session, me.resume_invocation)
+                  resumes=begun.resume_invocation or "-")
+        if begun.resume_invocation:
+            _check_resumable(session, begun.resume_invocation)
         async for event in runner.run_async(
             user_id=me.user_id, session_id=me.session_id,
-            **({"invocation_id": me.resume_invocation, "new_message": None}
-               if me.resume_invocation else {"new_message": new_message})
+            **({"invocation_id": begun.resume_invocation, "new_message": None}
+               if begun.resume_invocation else {"new_message": new_message})
         ):
             invocation_id = event.invocation_id
             calls = [c.name for c in event.get_function_calls()]
@@ -502,7 +498,7 @@ async def _run_attempt(config: RunnerConfig, client: StoreClient) -> int:
         await ledger.flush()
         await runner.close()
 
-    await _remember(sessions, memory, config.agent, me, invocation_id)
+    await _remember(sessions, memory, named.agent, me, invocation_id)
     logs.info("agent.succeeded", answer=answer[:200])
     await _record_result(client, root_agent, answer)
     await _report(client, None)
@@ -603,12 +599,13 @@ async def _load(config: RunnerConfig, client: StoreClient) -> Loaded:
     from agentrun_runner import declarative
     from agentrun_runner.agents import AgentNotFound, load_agent
 
+    named = config.identity
     if not config.agent_digest:
         try:
-            return Loaded(load_agent(config.agents_dir, config.agent))
+            return Loaded(load_agent(config.agents_dir, named.agent))
         except AgentNotFound as e:
             raise NotLoaded(Failure(RunnerExit.AGENT_NOT_FOUND, Reason.AGENT_NOT_FOUND, (
-                f"There was no Agent {config.agent} in namespace {config.namespace} when the "
+                f"There was no Agent {named.agent} in namespace {named.namespace} when the "
                 f"run was created, and the runner image has no agent directory of that name "
                 f"({e}). Create the Agent (or name an agent of the image), then create the "
                 "run again; no tool was called."))) from e
@@ -625,7 +622,7 @@ async def _load(config: RunnerConfig, client: StoreClient) -> Loaded:
         built = declarative.build(snapshot, os.environ, config.agents_dir)
     except declarative.AgentInvalid as e:
         raise NotLoaded(Failure(RunnerExit.AGENT_INVALID, Reason.AGENT_INVALID, (
-            f"Agent {config.agent} cannot be built in this runner: {e}. No tool was "
+            f"Agent {named.agent} cannot be built in this runner: {e}. No tool was "
             "called."))) from e
     logs.info("agent.built", digest=pinned.get("digest"), agents=len(snapshot.get(
         "agents") or {}), mcp_servers=len(built.servers))
@@ -676,7 +673,8 @@ class ResumeImpossible(RuntimeError):
 
 
 async def _remember(
-    sessions: StoreSessionService, memory: StoreMemoryService, agent: str, me: Identity,
+    sessions: StoreSessionService, memory: StoreMemoryService, agent: str,
+    me: AttemptIdentity,
     invocation_id: str | None,
 ) -> None:
     """This turn's conversation into long-term memory (best effort: the run is done)."""
@@ -706,15 +704,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = parse_config(argv, dict(os.environ))
     except UsageError as e:
         return _refuse(RunnerExit.USAGE, "usage", str(e))
-    logs.bind(run=config.run_name, attempt=config.attempt, namespace=config.namespace,
-              agent=config.agent)
+    named = config.identity
+    logs.bind(run=named.run_name, attempt=named.attempt, namespace=named.namespace,
+              agent=named.agent)
     if not config.store_url or not config.token_file:
         return _refuse(RunnerExit.NO_DURABLE_STORE, "refused.no_durable_store",
                        NO_DURABLE_STORE_MESSAGE)
     # Who the runner is and what it may write, as the container sees it (the restricted
     # security context: not root, a read-only root filesystem).
-    logs.info("runner.start", uid=config.run_uid, session=config.session_id,
-              trigger=config.trigger, input=config.input_digest, process_uid=os.getuid(),
+    logs.info("runner.start", uid=named.run_uid, session=named.session_id,
+              trigger=config.trigger, input=named.input_digest, process_uid=os.getuid(),
               root_read_only=bool(os.statvfs("/").f_flag & os.ST_RDONLY))
     code = asyncio.run(run_attempt(config))
     logs.info("runner.exit", exit_code=code)

@@ -28,6 +28,7 @@ from google.adk.sessions.base_session_service import (
 )
 from google.adk.sessions.session import Session
 
+from agentrun.attempt import AttemptStart
 from agentrun.vocabulary import RunnerEnv
 from agentrun_runner import logs
 from agentrun_runner.stops import AttemptStop
@@ -62,28 +63,6 @@ class StoreRefused(RuntimeError):
 
 class StoreUnreachable(RuntimeError):
     """The store API could not be reached at all."""
-
-
-@dataclass(frozen=True)
-class Identity:
-    """The attempt the store API says this pod is (from its token)."""
-
-    namespace: str
-    run_name: str
-    run_uid: str
-    attempt: int
-    agent: str
-    user_id: str
-    session_id: str
-    input_digest: str | None
-    root_run_uid: str = ""
-    resume_invocation: str | None = None  # the invocation this attempt continues
-    # What the run used before this attempt (a resume continues the count): the store's
-    # camelCase usage, where spec.limits' count starts.
-    usage: dict[str, Any] = field(default_factory=dict)
-    # The decisions on the run's calls that waited for one, by call id: {decision,
-    # approver, note}.
-    decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -264,17 +243,10 @@ class StoreClient:
 
     # -- the attempt -----------------------------------------------------------------------
 
-    async def begin(self) -> Identity:
+    async def begin(self) -> AttemptStart:
         """The runner's first call: records that it started, and who it is."""
-        data = await self.request("POST", "/v1/attempt/begin", {}, repeatable=True)
-        return Identity(namespace=data["namespace"], run_name=data["runName"],
-                        run_uid=data["runUid"], attempt=int(data["attempt"]),
-                        agent=data["agent"], user_id=data["userId"],
-                        session_id=data["sessionId"], input_digest=data.get("inputDigest"),
-                        root_run_uid=data.get("rootRunUid") or data["runUid"],
-                        resume_invocation=data.get("resumeInvocation"),
-                        usage=dict(data.get("usage") or {}),
-                        decisions=dict(data.get("decisions") or {}))
+        return AttemptStart.from_wire(
+            await self.request("POST", "/v1/attempt/begin", {}, repeatable=True))
 
     async def record_invocation(self, invocation_id: str) -> None:
         await self.request("POST", "/v1/attempt/invocation", {"invocationId": invocation_id})

@@ -29,9 +29,9 @@ The modules, by concern:
   quotas), with its reason;
 - `quotas`: what one attempt has written and may still write, and its turn at the store;
 - `refusal`: a request refused, as the runner is told (a status and one sentence);
-- `app`: the aiohttp application, and `serve()`, which the operator also calls to serve
-  the store API in its own process on the development cluster (`--store-api-listen`);
-- `main`: the program `agentrun-store-api` (the chart's own Deployment);
+- `app`: the aiohttp application, and `serve()`;
+- `main`: the program `agentrun-store-api` (the chart's own Deployment, and `make run`'s
+  second process beside the operator on the development cluster);
 - `metrics`: what it exports on `--metrics-port`;
 - `transcripts`, `frontproxy`, `access`: the transcript API (store.agentrun.dev, an
   aggregated API on its own listener, `--transcript-listen`): what it serves, who the

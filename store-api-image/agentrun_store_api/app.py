@@ -1,5 +1,5 @@
 """The store API as an aiohttp application, and `serve()`: what `agentrun-store-api`
-runs, and what the operator runs in its own process on the development cluster."""
+runs."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ from kubernetes import client
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import store
+from agentrun.attempt import AttemptIdentity
 from agentrun.vocabulary import STORE_AUDIENCE
 from agentrun_store_api import limits, metrics
-from agentrun_store_api.auth import Authority, Caller
+from agentrun_store_api.auth import Authority
 from agentrun_store_api.quotas import Quotas
 from agentrun_store_api.refusal import OverQuota, Refused
 from agentrun_store_api.routes import ROUTES, Route, Routes, too_large
@@ -28,7 +29,7 @@ from agentrun_store_api.tls import ServingCertificate
 
 log = logging.getLogger("agentrun.store_api")
 
-Handler = Callable[[web.Request, Caller], Awaitable[Any]]
+Handler = Callable[[web.Request, AttemptIdentity], Awaitable[Any]]
 
 
 @dataclass
@@ -40,8 +41,11 @@ class Readiness:
     why: str = ""
 
     async def wait_for_schema(self, engine: AsyncEngine, interval: float = 2.0) -> None:
-        """Not ready until the operator has migrated the store (it alone migrates)."""
+        """Not ready until the operator has migrated the store (it alone migrates). Looked
+        at again soon at first (an operator started beside it migrates within a second or
+        two), then every `interval`."""
         self.ready = False
+        delay = interval / 8
         while True:
             try:
                 await store.check_schema(engine)
@@ -54,7 +58,8 @@ class Readiness:
             except Exception as e:
                 self.why = "the run store cannot be reached by the store API yet"
                 log.warning("event=store-not-ready error=%r", e)
-            await asyncio.sleep(interval)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, interval)
 
 
 def _answer(status: int, body: Any) -> web.Response:
@@ -69,7 +74,7 @@ class RefusalLog:
     def __init__(self) -> None:
         self._last: OrderedDict[tuple[str, str, int], tuple[float, int]] = OrderedDict()
 
-    def __call__(self, route: Route, refusal: Refused, caller: Caller | None) -> None:
+    def __call__(self, route: Route, refusal: Refused, caller: AttemptIdentity | None) -> None:
         key = (_run_of(caller), route.name, refusal.status)
         now = time.monotonic()
         last, unlogged = self._last.get(key, (0.0, 0))
@@ -93,7 +98,7 @@ def _serving(route: Route, authority: Authority, quotas: Quotas, readiness: Read
 
     async def serve(request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
-        caller: Caller | None = None
+        caller: AttemptIdentity | None = None
         try:
             declared = request.content_length
             if declared is not None and declared > limit:
@@ -162,7 +167,7 @@ async def _unread(request: web.Request, response: web.Response) -> None:
     response.force_close()
 
 
-def _refused(route: Route, refusal: Refused, caller: Caller | None,
+def _refused(route: Route, refusal: Refused, caller: AttemptIdentity | None,
              said: RefusalLog) -> web.Response:
     metrics.REFUSALS.labels(route.name, str(refusal.status)).inc()
     said(route, refusal, caller)
@@ -172,7 +177,7 @@ def _refused(route: Route, refusal: Refused, caller: Caller | None,
     return _answer(refusal.status, body)
 
 
-def _run_of(caller: Caller | None) -> str:
+def _run_of(caller: AttemptIdentity | None) -> str:
     return f"{caller.namespace}/{caller.run_name}" if caller else "-"
 
 

@@ -30,6 +30,7 @@ from kubernetes.client.exceptions import ApiException
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import store
+from agentrun.attempt import AttemptIdentity
 from agentrun.vocabulary import (
     LABEL_ATTEMPT,
     LABEL_RUN,
@@ -74,31 +75,13 @@ class Remembered(Generic[K, V]):
 
 
 @dataclass(frozen=True)
-class Caller:
-    """The one attempt a request speaks for, as the store and the API server know it."""
-
-    namespace: str
-    pod: str
-    run_name: str
-    run_uid: str
-    attempt: int
-    agent: str
-    user_id: str
-    session_id: str
-    app_name: str  # the namespaced ADK app name (store.session_app)
-    input_digest: str | None
-    resumes_attempt: int | None = None
-    resumes_run_uid: str | None = None
-
-
-@dataclass(frozen=True)
 class BoundPod:
     namespace: str
     name: str
     uid: str
 
 
-def settled_refusal(caller: Caller, status: str) -> Refused:
+def settled_refusal(caller: AttemptIdentity, status: str) -> Refused:
     """What a settled attempt's token is told, whichever route found it settled."""
     return Refused(403, f"attempt {caller.attempt} of run {caller.run_name} is settled "
                         f"({status}): its token is no longer accepted")
@@ -182,10 +165,11 @@ class Authority:
         # for the pod's lifetime: rechecked after TOKEN_CACHE_SECONDS, it may be gone).
         self._pods: Remembered[str, tuple[str, int, str]] = Remembered()
         # Attempts as the operator wrote them down, and those known settled (for good).
-        self._attempts: Remembered[tuple[str, int], store.AttemptIdentity] = Remembered()
+        self._attempts: Remembered[tuple[str, int], tuple[AttemptIdentity, str]] = \
+            Remembered()
         self._settled: Remembered[tuple[str, int], str] = Remembered()
 
-    async def caller(self, request: web.Request) -> Caller:
+    async def caller(self, request: web.Request) -> AttemptIdentity:
         """The attempt the request's token speaks for, with no read of the store once the
         attempt is known. Whether it is still live is `check_live`'s (or the route's own
         statement's) to say, in the attempt's turn at the store."""
@@ -208,12 +192,12 @@ class Authority:
             raise
         return caller
 
-    def settled(self, caller: Caller, status: str) -> Refused:
+    def settled(self, caller: AttemptIdentity, status: str) -> Refused:
         """A route found the attempt settled: remember it, and say so."""
         self._settled.put((caller.run_uid, caller.attempt), status, _FOR_GOOD)
         return settled_refusal(caller, status)
 
-    async def _caller(self, token: str, key: str) -> Caller:
+    async def _caller(self, token: str, key: str) -> AttemptIdentity:
         bound = await self._tokens.pod_of(token, key)
         if self._namespaces and bound.namespace not in self._namespaces:
             raise Refused(403, f"namespace {bound.namespace} is not served by this store API")
@@ -221,31 +205,26 @@ class Authority:
         found = self._attempts.get((run_uid, attempt))
         if found is None:
             found = await store.attempt_identity(self._engine, run_uid, attempt)
-            if found is not None and found.status in RunStatus.LIVE:
+            if found is not None and found[1] in RunStatus.LIVE:
                 self._attempts.put((run_uid, attempt), found, _FOR_GOOD)
-        if found is None or found.namespace != bound.namespace or found.run_name != run_name:
+        if found is None or found[0].namespace != bound.namespace \
+                or found[0].run_name != run_name:
             raise Refused(403, f"pod {bound.namespace}/{bound.name} names attempt {attempt} "
                                f"of run {run_name}, which the run store has no record of")
-        if found.pod_name != bound.name:
+        caller, status = found
+        if caller.pod != bound.name:
             raise Refused(403, f"pod {bound.namespace}/{bound.name} is not the pod of attempt "
-                               f"{attempt} of run {run_name} ({found.pod_name})")
-        caller = Caller(
-            namespace=found.namespace, pod=bound.name, run_name=run_name, run_uid=run_uid,
-            attempt=attempt, agent=found.agent, user_id=found.user_id,
-            session_id=found.session_id or "",
-            app_name=found.app_name or store.session_app(found.namespace, found.agent),
-            input_digest=found.input_digest, resumes_attempt=found.resumes_attempt,
-            resumes_run_uid=found.resumes_run_uid)
-        if found.status not in RunStatus.LIVE:
-            raise self.settled(caller, found.status)
+                               f"{attempt} of run {run_name} ({caller.pod})")
+        if status not in RunStatus.LIVE:
+            raise self.settled(caller, status)
         return caller
 
-    def _known_live(self, caller: Caller) -> None:
+    def _known_live(self, caller: AttemptIdentity) -> None:
         status = self._settled.get((caller.run_uid, caller.attempt))
         if status is not None:
             raise settled_refusal(caller, status)
 
-    async def check_live(self, caller: Caller) -> None:
+    async def check_live(self, caller: AttemptIdentity) -> None:
         """Refuses (403) a settled attempt: one primary-key read, for the routes whose own
         statements do not check it."""
         try:

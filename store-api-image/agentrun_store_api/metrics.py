@@ -1,7 +1,7 @@
 """Prometheus metrics of the store API (served on --metrics-port when it is set).
 
-Served inside the operator on the development cluster, they join the operator's on its
-registry: no name here is one of the operator's. Every label value is a word of ours (a
+No name here is one of the operator's: a dashboard reads both programs' without telling
+them apart. Every label value is a word of ours (a
 route's name from routes.ROUTES, an HTTP status), never a request path. docs/operator.md
 has the table; the chart's dashboard reads only these names.
 """

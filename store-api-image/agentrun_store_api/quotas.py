@@ -20,8 +20,8 @@ from dataclasses import dataclass, fields
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import store
+from agentrun.attempt import AttemptIdentity
 from agentrun_store_api import limits
-from agentrun_store_api.auth import Caller
 from agentrun_store_api.refusal import OverQuota, Refused
 
 
@@ -125,7 +125,7 @@ class Quotas:
         # The attempts with requests here now (in the store or waiting), and how many.
         self._here: dict[tuple[str, int], int] = {}
 
-    def _of(self, caller: Caller) -> _Attempt:
+    def _of(self, caller: AttemptIdentity) -> _Attempt:
         key = (caller.run_uid, caller.attempt)
         found = self._attempts.get(key)
         if found is None:
@@ -137,7 +137,7 @@ class Quotas:
         return found
 
     @contextlib.asynccontextmanager
-    async def turn(self, caller: Caller) -> AsyncIterator[None]:
+    async def turn(self, caller: AttemptIdentity) -> AsyncIterator[None]:
         """One of the attempt's `IN_FLIGHT_PER_ATTEMPT` places at the store, waiting for
         it in order; refused 429 when too many of its requests wait already."""
         attempt = self._of(caller)
@@ -177,7 +177,7 @@ class Quotas:
             if not self._here[key]:
                 del self._here[key]
 
-    async def check(self, caller: Caller, more: Usage) -> None:
+    async def check(self, caller: AttemptIdentity, more: Usage) -> None:
         """Refuses (429) what would exceed a quota, counting nothing: before the work of
         reading and parsing a request that `take` would refuse anyway."""
         attempt = await self._read(caller)
@@ -186,7 +186,7 @@ class Quotas:
             raise OverQuota(f"attempt {caller.attempt} of run {caller.run_name}: {why}; "
                                "this request was not stored")
 
-    async def _read(self, caller: Caller) -> _Attempt:
+    async def _read(self, caller: AttemptIdentity) -> _Attempt:
         attempt = self._of(caller)
         if attempt.used is None:
             async with attempt.reading:
@@ -197,7 +197,7 @@ class Quotas:
                                             for f in fields(Usage)})
         return attempt
 
-    async def take(self, caller: Caller, more: Usage) -> None:
+    async def take(self, caller: AttemptIdentity, more: Usage) -> None:
         """Counts `more` as written by the attempt, or refuses it (429) with the quota it
         would exceed. A write that then fails gives it back (`give_back`)."""
         attempt = await self._read(caller)
@@ -208,12 +208,12 @@ class Quotas:
                                "this request was not stored")
         attempt.used = attempt.used + more
 
-    def give_back(self, caller: Caller, more: Usage) -> None:
+    def give_back(self, caller: AttemptIdentity, more: Usage) -> None:
         attempt = self._attempts.get((caller.run_uid, caller.attempt))
         if attempt is not None and attempt.used is not None:
             attempt.used = attempt.used - more
 
-    def forget(self, caller: Caller) -> None:
+    def forget(self, caller: AttemptIdentity) -> None:
         """The attempt is settled: it writes nothing more."""
         self._attempts.pop((caller.run_uid, caller.attempt), None)
 

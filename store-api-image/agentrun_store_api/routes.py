@@ -24,6 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun import effects, store
+from agentrun.attempt import AttemptIdentity, AttemptStart
 from agentrun.store.memory import StoreMemoryService, keywords, memory_entries
 from agentrun.vocabulary import (
     DEFAULT_MEMORY_TTL_DAYS,
@@ -34,7 +35,6 @@ from agentrun.vocabulary import (
     RunStatus,
 )
 from agentrun_store_api import limits, metrics
-from agentrun_store_api.auth import Caller
 from agentrun_store_api.quotas import Quotas, Usage
 from agentrun_store_api.refusal import OverQuota, Refused
 
@@ -214,28 +214,22 @@ class Routes:
 
     # -- the attempt -------------------------------------------------------------------
 
-    async def whoami(self, _: web.Request, caller: Caller) -> dict[str, Any]:
+    async def whoami(self, _: web.Request, caller: AttemptIdentity) -> dict[str, Any]:
         used = await store.run_usage(self.engine, caller.run_uid,
                                      before_attempt=caller.attempt)
         decided = [a for a in await store.approvals_of(self.engine, caller.run_uid)
                    if not a.pending]
-        return {"namespace": caller.namespace, "runName": caller.run_name,
-                "runUid": caller.run_uid, "attempt": caller.attempt, "agent": caller.agent,
-                "userId": caller.user_id, "sessionId": caller.session_id,
-                "inputDigest": caller.input_digest,
-                # Idempotency keys are the lineage's: a replay run's are its original's.
-                "rootRunUid": await store.lineage_root(self.engine, caller.run_uid),
-                "resumeInvocation": await self._resume_invocation(caller),
-                # Where spec.limits' count starts for this attempt (a resume continues it).
-                "usage": {"modelCalls": used.model_calls, "toolCalls": used.tool_calls,
-                          "inputTokens": used.input_tokens,
-                          "outputTokens": used.output_tokens,
-                          "costMicroUSD": used.cost_micro_usd},
-                # The decisions on the run's calls that waited for one.
-                "decisions": {a.call_id: {"decision": a.decision, "approver": a.approver,
-                                          "note": a.note} for a in decided}}
+        return AttemptStart(
+            identity=caller,
+            root_run_uid=await store.lineage_root(self.engine, caller.run_uid),
+            resume_invocation=await self._resume_invocation(caller),
+            usage={"modelCalls": used.model_calls, "toolCalls": used.tool_calls,
+                   "inputTokens": used.input_tokens, "outputTokens": used.output_tokens,
+                   "costMicroUSD": used.cost_micro_usd},
+            decisions={a.call_id: {"decision": a.decision, "approver": a.approver,
+                                   "note": a.note} for a in decided}).to_wire()
 
-    async def _resume_invocation(self, caller: Caller) -> str | None:
+    async def _resume_invocation(self, caller: AttemptIdentity) -> str | None:
         """The invocation this attempt continues, when it resumes an earlier one."""
         if caller.resumes_attempt is None:
             return None
@@ -243,7 +237,7 @@ class Routes:
                                           caller.resumes_attempt)
         return earlier.invocation_id if earlier is not None else None
 
-    async def _journal_entries(self, caller: Caller) -> list[store.JournalEntry]:
+    async def _journal_entries(self, caller: AttemptIdentity) -> list[store.JournalEntry]:
         """The journal of the session this attempt resumes (none if it resumes none)."""
         if caller.resumes_attempt is None:
             return []
@@ -257,7 +251,7 @@ class Routes:
         return await store.journal(self.engine, caller.run_uid, list(range(1, caller.attempt)),
                                    caller.app_name, caller.user_id, caller.session_id) or []
 
-    async def journal(self, _: web.Request, caller: Caller) -> dict[str, Any]:
+    async def journal(self, _: web.Request, caller: AttemptIdentity) -> dict[str, Any]:
         """The calls of the session this attempt resumes, for answering from the journal
         those that finished."""
         entries = await self._journal_entries(caller)
@@ -266,13 +260,13 @@ class Routes:
                            "idempotencyKey": e.idempotency_key, "finished": e.finished,
                            "answered": e.answered, "result": e.result} for e in entries]}
 
-    async def begin(self, request: web.Request, caller: Caller) -> dict[str, Any]:
+    async def begin(self, request: web.Request, caller: AttemptIdentity) -> dict[str, Any]:
         await read_body(request)
         await store.begin_attempt(self.engine, caller.run_uid, caller.attempt,
                                   caller.app_name, caller.user_id, caller.session_id)
         return await self.whoami(request, caller)
 
-    async def invocation(self, request: web.Request, caller: Caller) -> None:
+    async def invocation(self, request: web.Request, caller: AttemptIdentity) -> None:
         data = await body_of(request)
         try:
             await store.record_invocation(self.engine, caller.run_uid, caller.attempt,
@@ -280,7 +274,7 @@ class Routes:
         except store.InvocationRecorded as e:
             raise Refused(409, str(e)) from e
 
-    async def outcome(self, request: web.Request, caller: Caller) -> dict[str, Any]:
+    async def outcome(self, request: web.Request, caller: AttemptIdentity) -> dict[str, Any]:
         data = await body_of(request)
         status = field(data, "status", str)
         reason = field(data, "reason", str, optional=True)
@@ -292,7 +286,7 @@ class Routes:
             field(data, "message", str, optional=True))
         return {"recorded": counted}
 
-    async def input(self, _: web.Request, caller: Caller) -> dict[str, Any]:
+    async def input(self, _: web.Request, caller: AttemptIdentity) -> dict[str, Any]:
         snapshot = None
         if caller.input_digest:
             snapshot = await store.get_input(self.engine, caller.input_digest)
@@ -310,7 +304,7 @@ class Routes:
         return {"digest": snapshot.digest, "text": snapshot.text,
                 "files": {n: base64.b64encode(c).decode() for n, c in snapshot.files.items()}}
 
-    async def agent(self, _: web.Request, caller: Caller) -> dict[str, Any]:
+    async def agent(self, _: web.Request, caller: AttemptIdentity) -> dict[str, Any]:
         """The Agent snapshot the run pinned at launch (from the store's record of the run
         the token speaks for, never from anything the runner says)."""
         run = await store.get_run(self.engine, caller.run_uid)
@@ -323,18 +317,18 @@ class Routes:
 
     # -- its session -------------------------------------------------------------------
 
-    def _own_session(self, caller: Caller, session_id: str) -> None:
+    def _own_session(self, caller: AttemptIdentity, session_id: str) -> None:
         if session_id != caller.session_id:
             raise Refused(403, f"attempt {caller.attempt} of run {caller.run_name} may use "
                                f"only its own session {caller.session_id}, not {session_id}")
 
-    def _session_json(self, session: Any, caller: Caller) -> dict[str, Any]:
+    def _session_json(self, session: Any, caller: AttemptIdentity) -> dict[str, Any]:
         # The runner knows its app by the agent's name; the namespaced key stays here.
         data: dict[str, Any] = json.loads(session.model_dump_json(exclude_none=True))
         data["app_name"] = caller.agent
         return data
 
-    async def create_session(self, request: web.Request, caller: Caller) -> dict[str, Any]:
+    async def create_session(self, request: web.Request, caller: AttemptIdentity) -> dict[str, Any]:
         from google.adk.errors.already_exists_error import AlreadyExistsError
 
         data = await body_of(request)
@@ -348,7 +342,7 @@ class Routes:
             raise Refused(409, f"session {session_id} exists already") from e
         return self._session_json(session, caller)
 
-    async def get_session(self, request: web.Request, caller: Caller) -> dict[str, Any]:
+    async def get_session(self, request: web.Request, caller: AttemptIdentity) -> dict[str, Any]:
         from google.adk.sessions.base_session_service import GetSessionConfig
 
         session_id = request.match_info["session"]
@@ -371,18 +365,18 @@ class Routes:
             raise Refused(404, f"session {session_id} does not exist yet")
         return self._session_json(session, caller)
 
-    async def list_sessions(self, _: web.Request, caller: Caller) -> dict[str, Any]:
+    async def list_sessions(self, _: web.Request, caller: AttemptIdentity) -> dict[str, Any]:
         listed = await self.sessions.list_sessions(app_name=caller.app_name,
                                                    user_id=caller.user_id)
         return {"sessions": [self._session_json(s, caller) for s in listed.sessions
                              if s.id == caller.session_id]}
 
-    async def delete_session(self, request: web.Request, caller: Caller) -> None:
+    async def delete_session(self, request: web.Request, caller: AttemptIdentity) -> None:
         raise Refused(403, f"a runner may not delete sessions: session "
                            f"{request.match_info['session']} is part of the record of run "
                            f"{caller.run_name}")
 
-    async def append_event(self, request: web.Request, caller: Caller) -> dict[str, Any]:
+    async def append_event(self, request: web.Request, caller: AttemptIdentity) -> dict[str, Any]:
         from google.adk.events.event import Event
         from pydantic import ValidationError
 
@@ -402,7 +396,7 @@ class Routes:
             raise
         return {"id": event.id}
 
-    async def _append(self, caller: Caller, session_id: str, event: Any) -> None:
+    async def _append(self, caller: AttemptIdentity, session_id: str, event: Any) -> None:
         from google.adk.sessions.session import Session
 
         # One live run per session (store.claim_session), so the stale-writer check ADK
@@ -412,7 +406,8 @@ class Routes:
                         last_update_time=float("inf"))
         await self.sessions.append_event(shell, event)
 
-    def _carried_turn(self, caller: Caller, data: Mapping[str, Any]) -> tuple[str, Any, int]:
+    def _carried_turn(self, caller: AttemptIdentity,
+                      data: Mapping[str, Any]) -> tuple[str, Any, int]:
         """The model's turn an open carries (the event whose function call this is, held
         by the runner for this request): its session, the event, its size. Checked as an
         append is."""
@@ -464,7 +459,7 @@ class Routes:
             closes.append(store.CallClose(field(item, "seq", int), outcome, result))
         return closes
 
-    async def open_call(self, request: web.Request, caller: Caller) -> dict[str, Any]:
+    async def open_call(self, request: web.Request, caller: AttemptIdentity) -> dict[str, Any]:
         data = await body_of(request)
         closes = self._carried(data)
         seq, tool = field(data, "seq", int), field(data, "tool", str)
@@ -522,7 +517,7 @@ class Routes:
             raise
         return {"closed": closed}
 
-    async def _as_approved(self, caller: Caller, seq: int, tool: str, call_id: str,
+    async def _as_approved(self, caller: AttemptIdentity, seq: int, tool: str, call_id: str,
                            digest: str) -> None:
         """An approval approves exactly the arguments it names (their digest): the call
         opened under an approved call's id must have them, or it is refused and the run
@@ -538,17 +533,17 @@ class Routes:
                                "arguments it names, so the tool was not run",
                           reason=Reason.APPROVAL_MISMATCH)
 
-    async def _call(self, caller: Caller, seq: int) -> store.LedgerEntry | None:
+    async def _call(self, caller: AttemptIdentity, seq: int) -> store.LedgerEntry | None:
         rows = await store.ledger(self.engine, caller.run_uid)
         return next((r for r in rows if r.attempt == caller.attempt and r.seq == seq), None)
 
-    async def _same_call(self, caller: Caller, seq: int, tool: str, call_id: str | None,
+    async def _same_call(self, caller: AttemptIdentity, seq: int, tool: str, call_id: str | None,
                          digest: str) -> bool:
         row = await self._call(caller, seq)
         return row is not None and (row.tool, row.call_id, row.args_digest) == (
             tool, call_id, digest)
 
-    async def close_call(self, request: web.Request, caller: Caller) -> None:
+    async def close_call(self, request: web.Request, caller: AttemptIdentity) -> None:
         data = await body_of(request)
         outcome = field(data, "outcome", str)
         allowed = (LedgerOutcome.OK, LedgerOutcome.ERROR, LedgerOutcome.JOURNAL,
@@ -594,7 +589,7 @@ class Routes:
                                f"{caller.run_name} is not an open call of this attempt; "
                                "a finished call is never rewritten")
 
-    async def ledger(self, _: web.Request, caller: Caller) -> dict[str, Any]:
+    async def ledger(self, _: web.Request, caller: AttemptIdentity) -> dict[str, Any]:
         rows = await store.ledger(self.engine, caller.run_uid)
         return {"calls": [{"seq": r.seq, "tool": r.tool, "callId": r.call_id,
                            "finished": r.finished_at is not None, "outcome": r.outcome}
@@ -602,7 +597,7 @@ class Routes:
 
     # -- memory and the sample outbox --------------------------------------------------
 
-    async def add_memory(self, request: web.Request, caller: Caller) -> None:
+    async def add_memory(self, request: web.Request, caller: AttemptIdentity) -> None:
         data = await body_of(request)
         entries = memory_entries(_events(field(data, "events", list)))
         more = Usage(memory_entries=len(entries),
@@ -615,7 +610,7 @@ class Routes:
             self.quotas.give_back(caller, more)
             raise
 
-    async def search_memory(self, request: web.Request, caller: Caller) -> dict[str, Any]:
+    async def search_memory(self, request: web.Request, caller: AttemptIdentity) -> dict[str, Any]:
         data = await body_of(request)
         query = field(data, "query", str)
         size = len(query.encode())
@@ -632,7 +627,7 @@ class Routes:
 
     # -- its outcome: model usage, the answer, calls that wait ----------------------------
 
-    async def usage(self, request: web.Request, caller: Caller) -> None:
+    async def usage(self, request: web.Request, caller: AttemptIdentity) -> None:
         """One model call's usage, as the model reported it to the runner."""
         data = await body_of(request)
         model = field(data, "model", str)
@@ -661,7 +656,7 @@ class Routes:
         if cost is not None:
             metrics.MODEL_COST.labels(*who).inc(cost)
 
-    async def result(self, request: web.Request, caller: Caller) -> dict[str, Any]:
+    async def result(self, request: web.Request, caller: AttemptIdentity) -> dict[str, Any]:
         """The agent's final answer, whole (the first report of the attempt counts)."""
         data = await body_of(request)
         text = field(data, "text", str)
@@ -675,7 +670,8 @@ class Routes:
         return {"recorded": await store.record_result(self.engine, caller.run_uid,
                                                       caller.attempt, text, parsed)}
 
-    async def request_approval(self, request: web.Request, caller: Caller) -> dict[str, Any]:
+    async def request_approval(self, request: web.Request,
+                               caller: AttemptIdentity) -> dict[str, Any]:
         """A call that waits for a human's decision: written down, never started. Its
         digest must be that of its arguments (what an approval approves)."""
         data = await body_of(request)
@@ -707,7 +703,8 @@ class Routes:
                                f"{waiting.attempt}")
         return {"expiresAt": waiting.expires_at.isoformat()}
 
-    async def record_side_effect(self, request: web.Request, caller: Caller) -> dict[str, Any]:
+    async def record_side_effect(self, request: web.Request,
+                                 caller: AttemptIdentity) -> dict[str, Any]:
         data = await body_of(request)
         tool, args = field(data, "tool", str), field(data, "args", dict)
         more = Usage(outbox_rows=1)

@@ -150,14 +150,15 @@ def test_an_image_carries_its_programs_packages_and_no_others(
     assert [m for m in absent if found[m]] == [], found
 
 
-def test_the_operator_image_says_it_cannot_serve_the_store_api_itself(
+def test_the_operator_image_says_where_its_runners_store_api_must_come_from(
         bundles: dict[str, Path]) -> None:
-    # Its default serves the store API in-process (the development cluster), which needs
-    # ADK: without it the operator stops at once and says what to do.
+    # The store API is a program of its own (the store API's image): an operator told
+    # nothing of it stops at once and says what to do.
     done = container(bundles, "operator", args=["agentrun-operator"],
                      env={"DATABASE_URL": "postgresql+psycopg://x@127.0.0.1:9/x"}).run()
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "needs ADK" in done.stderr and "agentrun-store-api" in done.stderr, done.stderr
+    assert "--store-api-url" in done.stderr and "agentrun-store-api" in done.stderr, \
+        done.stderr
 
 
 def test_runner_refuses_to_start_without_a_durable_store(bundles: dict[str, Path]) -> None:

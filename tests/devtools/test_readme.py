@@ -1,7 +1,7 @@
 """README's "Running the operator", typed as written, in a fresh copy of the repository
 (its own .local: the development cluster, the SQLite store), `make run` included: the
 sample run succeeds, its answer and transcript are read through the API server (the
-development cluster's APIService, served by `make run`'s operator), and a forced replay of
+development cluster's APIService, served by `make run`'s store API), and a forced replay of
 it is approved and its run created and run by the operator `make run` started, although the
 admin's kubeconfig is exported."""
 
@@ -99,7 +99,7 @@ def test_the_readme_flow_runs_and_replays(tmp_path: Path, the_machines_dev_clust
         shown = shell([*exports, get]).stdout
         assert "Succeeded" in shown and '["send_email"]' in shown, shown
         # Through the development cluster's API server and its APIService, to the transcript
-        # API that `make run`'s operator serves.
+        # API that `make run`'s store API serves.
         answer = shell([*exports, result])
         assert answer.stdout == "Refund confirmed by email.\n", answer.stdout + answer.stderr
         told = shell([*exports, transcript])

@@ -59,10 +59,6 @@ class Program:
 PROGRAMS = {
     "agentrun-operator": Program(
         "operator", ("agentrun_operator.main",),
-        # The store API inside the operator process (the development cluster) needs
-        # agentrun[store-api]; config.parse says so when it is missing.
-        elsewhere=(Elsewhere("agentrun_operator.handlers", "agentrun_store_api",
-                             "store-api"),),
         forbidden=("google-adk", "google-genai", "litellm", "anthropic"),
         dockerfile="Dockerfile"),
     "agentrun-store-api": Program(
@@ -317,6 +313,9 @@ def test_the_import_follower_sees_imports_inside_functions_and_parent_packages()
     assert any(m.startswith("google.adk.sessions.database_session_service")
                for m in store_api), sorted(store_api)
     assert not any(m.startswith("google.") for m in operator), sorted(operator)
+    # The store API is a program of its own: the operator reaches none of its modules.
+    served = walk(PROGRAMS["agentrun-operator"]).ours
+    assert not [m for m in served if m.split(".")[0] == "agentrun_store_api"], sorted(served)
     runner = reached(PROGRAMS["agentrun-runner"])
     assert "kopf" not in runner and not any(m.startswith("sqlalchemy") for m in runner), \
         sorted(runner)

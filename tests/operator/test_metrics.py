@@ -1,8 +1,8 @@
 """The running operator's /metrics, scraped after a run succeeded, a run was evicted to
 Failed Evicted and a replay of it was refused: the names, their labels, and counts that
-moved by exactly what happened. The store API (served by the same process here, as on
-the development cluster) counts the ledger writes of those runs. The operator logs in
-JSON (--log-format json) throughout."""
+moved by exactly what happened. The store API beside it (its own process, as `make run`
+and the chart run it; its own /metrics) counts the ledger writes of those runs. The
+operator logs in JSON (--log-format json) throughout."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tests.harness import HAPPY, Operator, System, agent_run, email_then_wait, i
 from tests.replays import create_replay, wait_decided
 
 # Every family the operator exports, with its label names (the last four are the store
-# API's, agentrun_store_api.metrics, served by the same process here).
+# API's, agentrun_store_api.metrics, on its own /metrics).
 FAMILIES = {
     "agentrun_runs": ("gauge", {"phase"}),
     "agentrun_runs_settled": ("counter", {"phase", "reason"}),
@@ -42,10 +42,17 @@ FAMILIES = {
 
 
 class Scrape:
-    def __init__(self, port: int) -> None:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-            self.text = r.read().decode()
-        self.families = {f.name: f for f in text_string_to_metric_families(self.text)
+    """The agentrun_ families of every port's /metrics (the operator's, its store API's:
+    no family is exported by both)."""
+
+    def __init__(self, ports: tuple[int, ...]) -> None:
+        texts = []
+        for port in ports:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                texts.append(r.read().decode())
+        self.text = "\n".join(texts)
+        self.families = {f.name: f for text in texts
+                         for f in text_string_to_metric_families(text)
                          if f.name.startswith("agentrun_")}
 
     def value(self, sample: str, **labels: str) -> float:
@@ -57,13 +64,13 @@ class Scrape:
         return 0.0
 
 
-def wait_value(port: int, sample: str, expected: float, **labels: str) -> Scrape:
+def wait_value(ports: tuple[int, ...], sample: str, expected: float, **labels: str) -> Scrape:
     """Until `sample{labels}` is `expected` (the count moves once the status write that
     the test waited for has returned); then exactly that."""
     seen: list[Scrape] = []
 
     def there() -> bool:
-        seen[:] = [Scrape(port)]
+        seen[:] = [Scrape(ports)]
         return seen[0].value(sample, **labels) >= expected
 
     try:
@@ -79,13 +86,15 @@ def wait_value(port: int, sample: str, expected: float, **labels: str) -> Scrape
 def test_metrics_of_a_success_an_eviction_and_a_replay(
     crds: ControlPlane, dev_node: object, store_url: str, solo_namespace: str, tmp_path: Path
 ) -> None:
-    ns, port = solo_namespace, free_port()
+    # The operator's /metrics and its store API's.
+    ns, ports = solo_namespace, (free_port(), free_port())
     operator = Operator(crds, store_url, tmp_path / "op", (
-        f"--namespace={ns}", f"--metrics-port={port}", "--log-format=json",
-        "--toleration-seconds=6", "--check-interval=1")).start()
+        f"--namespace={ns}", f"--metrics-port={ports[0]}", "--log-format=json",
+        "--toleration-seconds=6", "--check-interval=1"),
+        store_api_metrics_port=ports[1]).start()
     system = System(crds, store_url, operator)
     try:
-        before = Scrape(port)
+        before = Scrape(ports)
         for name, (kind, labels) in FAMILIES.items():
             family = before.families.get(name)
             assert family is not None, f"{name} is not exported"
@@ -100,7 +109,7 @@ def test_metrics_of_a_success_an_eviction_and_a_replay(
         system.apply(in_namespace(agent_run("counted", HAPPY), ns))
         assert system.wait_phase(ns, "counted", Phase.SUCCEEDED, Phase.FAILED)[
             "status"]["phase"] == Phase.SUCCEEDED
-        after = wait_value(port, "agentrun_runs_settled_total", 1, phase=Phase.SUCCEEDED,
+        after = wait_value(ports, "agentrun_runs_settled_total", 1, phase=Phase.SUCCEEDED,
                            reason=Reason.SUCCEEDED)
         assert after.value("agentrun_attempts_started_total") == 1
         # HAPPY calls three tools: three ledger rows opened by the store API, and closed:
@@ -127,7 +136,7 @@ def test_metrics_of_a_success_an_eviction_and_a_replay(
         run = system.wait_phase(ns, "evicted", Phase.FAILED, Phase.SUCCEEDED)
         took = time.monotonic() - evicting
         assert run["status"]["reason"] == Reason.EVICTED, run["status"]
-        after = wait_value(port, "agentrun_runs_settled_total", 1, phase=Phase.FAILED,
+        after = wait_value(ports, "agentrun_runs_settled_total", 1, phase=Phase.FAILED,
                            reason=Reason.EVICTED)
         assert after.value("agentrun_evictions_total", reason=Reason.EVICTED) == 1
         assert after.value("agentrun_attempts_started_total") == 2
@@ -146,7 +155,7 @@ def test_metrics_of_a_success_an_eviction_and_a_replay(
         replay = wait_decided(system, ns, "evicted-again")
         assert (replay["status"]["phase"], replay["status"]["reason"]) == (
             ReplayPhase.REFUSED, ReplayReason.TOOLS_EXECUTED)
-        after = wait_value(port, "agentrun_replay_decisions_total", 1,
+        after = wait_value(ports, "agentrun_replay_decisions_total", 1,
                            phase=ReplayPhase.REFUSED, reason=ReplayReason.TOOLS_EXECUTED)
 
         # The runs the operator knows, by phase, from its cache.
@@ -159,7 +168,7 @@ def test_metrics_of_a_success_an_eviction_and_a_replay(
         assert after.value("agentrun_reconcile_duration_seconds_count", kind="replay",
                            result="ok") > 0
         # Nothing left to do: the queue drains back to exactly empty.
-        wait_for(lambda: Scrape(port).value("agentrun_workqueue_depth") == 0, timeout=20,
+        wait_for(lambda: Scrape(ports).value("agentrun_workqueue_depth") == 0, timeout=20,
                  what="agentrun_workqueue_depth back to 0")
         assert after.value("agentrun_store_errors_total", operation="settle") == 0
     finally:

@@ -197,7 +197,6 @@ def test_runner_pods_request_the_configured_resources_unless_the_run_says() -> N
 
 def test_the_runner_resources_flag() -> None:
     config = parse(["--store-api-listen=", "--store-api-url=https://store:8080",
-                    "--transcript-api-listen=",
                     '--runner-resources={"requests":{"cpu":"250m"},"limits":{"memory":"1Gi"}}'])
     assert config.runner_resources == {"requests": {"cpu": "250m"},
                                        "limits": {"memory": "1Gi"}}

@@ -69,15 +69,19 @@ def test_the_operator_names_its_store_or_says_it_needs_one(
     assert "no run store: set --database-url or DATABASE_URL" in capsys.readouterr().err
 
 
-def test_the_store_api_served_here_needs_its_certificate(
+def test_the_operator_names_its_store_api_and_the_ca_runners_verify_it_with(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from agentrun_operator import config
 
-    bare = ["--store-api-listen=127.0.0.1:8089", "--store-api-tls-cert-file=",
-            "--store-api-tls-key-file=", "--store-api-ca-file="]
+    # The store API is agentrun-store-api's, never served in the operator's process (an
+    # empty --store-api-listen, which the chart of earlier releases passes, is taken).
     with pytest.raises(SystemExit):
-        config.parse(bare)
-    assert "over TLS only: give --store-api-tls-cert-file" in capsys.readouterr().err
+        config.parse(["--store-api-listen=127.0.0.1:8089", "--store-api-url=https://s:8080"])
+    assert "run agentrun-store-api --listen=HOST:PORT beside it" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        config.parse(["--store-api-url="])
+    assert "runner pods need the store API: give --store-api-url" in \
+        capsys.readouterr().err
     not_pem = tmp_path / "ca.crt"
     not_pem.write_text("hello")
     with pytest.raises(SystemExit):

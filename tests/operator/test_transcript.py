@@ -1,5 +1,5 @@
 """The transcript through the Kubernetes API server: the aggregated API store.agentrun.dev,
-served by the session operator's in-process store API and registered with the real
+served by the session's store API (beside the session operator) and registered with the real
 kube-apiserver (APIService v1alpha1.store.agentrun.dev, front-proxy flags as kubeadm sets
 them). Users are real users of the control plane's CA with their own kubeconfigs, bound to
 agentrun-view in their own namespace; runs are real runners of the scripted model."""
@@ -469,8 +469,9 @@ def test_only_the_api_servers_front_proxy_is_served(
         code, said = _direct(transcripts, transcript_endpoint, openapi, (front.cert, front.key),
                              as_alice)
         assert (code, said["reason"]) == (404, "NotFound"), said
-    assert transcripts.operator.child is not None
-    log = transcripts.operator.child.log_path.read_text(errors="replace")
+    # The transcript API's log is the store API's (the session's, beside its operator).
+    assert transcripts.operator.store_api is not None
+    log = transcripts.operator.store_api.log_path.read_text(errors="replace")
     assert "event=transcript-refused path=/openapi/" not in log
     assert f"event=transcript-refused path={path} code=403" in log
 

@@ -26,9 +26,10 @@ ENV = {
 
 def test_config_from_the_environment_with_defaults() -> None:
     config = parse_config([], ENV)
-    assert (config.run_uid, config.run_name, config.attempt) == ("uid-1", "triage-42", 2)
-    assert config.user_id == "default"
-    assert config.session_id == "uid-1-2"  # a fresh session per attempt
+    named = config.identity
+    assert (named.run_uid, named.run_name, named.attempt) == ("uid-1", "triage-42", 2)
+    assert named.user_id == "default"
+    assert named.session_id == "uid-1-2"  # a fresh session per attempt
     assert config.trigger == "manual"
     assert config.model is None
     assert config.agents_dir.name == "agents"
@@ -36,7 +37,8 @@ def test_config_from_the_environment_with_defaults() -> None:
 
 def test_flags_override_the_environment() -> None:
     config = parse_config(["--attempt", "3", "--agents-dir", "/x", "--session-id", "chat-7"], ENV)
-    assert (config.attempt, config.agents_dir, config.session_id) == (3, Path("/x"), "chat-7")
+    assert (config.identity.attempt, config.agents_dir, config.identity.session_id) == (
+        3, Path("/x"), "chat-7")
 
 
 @pytest.mark.parametrize("missing", [RunnerEnv.RUN_UID, RunnerEnv.AGENT, RunnerEnv.INPUT_DIGEST])

@@ -85,7 +85,7 @@ def _with(client: StoreClient, go: Coroutine[Any, Any, T]) -> T:
 def test_the_attempts_begin_is_sent_again(served: tuple[StoreClient, list[str]]) -> None:
     client, arrived = served
     me = _with(client, client.begin())
-    assert me.run_uid == "u"
+    assert me.identity.run_uid == "u"
     assert arrived == ["/v1/attempt/begin", "/v1/attempt/begin"]
 
 

@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 from agentrun_store_api import limits
-from agentrun_store_api.auth import Caller, review_refusal
+from agentrun_store_api.auth import review_refusal
 from agentrun_store_api.quotas import Quotas, Usage, fair_pause, over_quota
 from agentrun_store_api.routes import ROUTES, refusal_of_journal_close, refusal_of_outcome
 
 from agentrun import store
+from agentrun.attempt import AttemptIdentity
 from agentrun.vocabulary import STORE_AUDIENCE, Reason, RunStatus
 
 
@@ -153,10 +154,10 @@ def test_a_runner_taking_most_of_the_store_apis_time_waits_its_share(
     assert fair_pause(mine, everyone, others) == pytest.approx(pause)
 
 
-def _caller(run_uid: str) -> Caller:
-    return Caller(namespace="team-a", pod=f"{run_uid}-1", run_name=run_uid, run_uid=run_uid,
-                  attempt=1, agent="support-agent", user_id="u", session_id="s",
-                  app_name="team-a/support-agent", input_digest=None)
+def _caller(run_uid: str) -> AttemptIdentity:
+    return AttemptIdentity(namespace="team-a", pod=f"{run_uid}-1", run_name=run_uid,
+                           run_uid=run_uid, attempt=1, agent="support-agent", user_id="u",
+                           session_id="s", app_name="team-a/support-agent", input_digest=None)
 
 
 def test_a_runner_over_its_share_is_served_one_request_at_a_time_while_others_wait() -> None:

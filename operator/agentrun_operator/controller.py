@@ -1,0 +1,187 @@
+"""The controller: what every reconcile shares (configuration, the store, the API, the
+caches), and the workers that take keys off the work queue.
+
+Every kind's reconcile (reconcile.py for AgentRuns, replay.py, approval.py,
+schedule_reconcile.py, trigger_reconcile.py, agents.py) takes a `Context` and is handed to
+`work` by the handlers; this module imports none of them, so nothing here depends on a
+kind and no module imports back from another kind's reconcile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from agentrun import store
+from agentrun.vocabulary import LABEL_RUN
+from agentrun_operator import metrics
+from agentrun_operator.config import OperatorConfig
+from agentrun_operator.informer import Informer, Informers, Key
+from agentrun_operator.kube import Conflict, Kube
+from agentrun_operator.workqueue import WorkQueue
+
+log = logging.getLogger("agentrun.operator")
+
+RunKey = tuple[str, str, str]  # (kind: "run" | "replay" | ..., namespace, name)
+
+
+def now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+@dataclass
+class Context:
+    """What every reconcile shares: configuration, the store, the API, the caches."""
+
+    config: OperatorConfig
+    engine: AsyncEngine
+    kube: Kube
+    queue: WorkQueue[RunKey] = field(default_factory=WorkQueue)
+    # AgentRuns (slimmed), AgentRunReplays and AgentRunSchedules as kopf's watch last saw
+    # them.
+    runs: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    replays: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    approvals: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    schedules: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    # The runs carrying each schedule's label (agentrun.dev/schedule), by name: the
+    # schedule's reconcile reads its runs here, not by a walk of every run.
+    schedule_runs: dict[Key, set[str]] = field(default_factory=dict)
+    # Whether every run of a schedule was listed since this replica started leading: until
+    # then, a schedule asks the API server for its runs before it starts one.
+    schedule_runs_listed: bool = False
+    agents: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    # AgentRunTriggers: their status is written here, and their runs are kept at least
+    # their dedupeWindowSeconds (ttl.dedupe_left).
+    triggers: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    pods: Informer | Informers | None = None
+    nodes: Informer | None = None
+    # Kueue's Workloads (workloads.Workloads), once Kueue's CRDs are found served.
+    workloads: Any = None
+    # Pods we created and the pod informer has not shown yet: (namespace, pod) -> when.
+    expected: dict[Key, float] = field(default_factory=dict)
+    # The last state of runner pods deleted while we were watching.
+    gone: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    service_accounts: set[Key] = field(default_factory=set)
+    service_account_locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
+    # When each live run's usage was last written to its status (the throttle of
+    # run.USAGE_EVERY), by monotonic clock.
+    usage_written: dict[Key, float] = field(default_factory=dict)
+    _input_key: bytes | None = None
+
+    async def input_key(self) -> bytes:
+        """The key of input digests: the configured one, else the installation's."""
+        if self._input_key is None:
+            self._input_key = self.config.input_digest_key or await store.installation_key(
+                self.engine)
+        return self._input_key
+
+    # -- facts -----------------------------------------------------------------------------
+
+    async def run(self, namespace: str, name: str) -> dict[str, Any] | None:
+        found = self.runs.get((namespace, name))
+        if found is None and self.pods is None:  # no caches (a step called directly)
+            found = await self.kube.read_run(namespace, name)
+        return found
+
+    def remember(self, obj: Mapping[str, Any]) -> None:
+        """A write's answer is newer than what the watch showed us so far."""
+        if obj:
+            meta = obj["metadata"]
+            self.runs[(meta["namespace"], meta["name"])] = slim_run(obj)
+
+    async def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        if self.pods is not None and self.pods.synced.is_set():
+            return self.pods.get((namespace, name))
+        return await self.kube.read_pod(namespace, name)
+
+    async def node(self, name: str) -> dict[str, Any] | None:
+        if not name:
+            return None
+        if self.nodes is not None and self.nodes.synced.is_set():
+            return self.nodes.get(("", name))
+        return await self.kube.read_node(name)
+
+    def workload_of(self, pod: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The Workload Kueue made for a runner pod, if Kueue runs here and made one."""
+        return self.workloads.of(pod) if self.workloads is not None else None
+
+    def pods_of(self, namespace: str, run: str) -> list[dict[str, Any]]:
+        if self.pods is None:
+            return []
+        return [p for (ns, _), p in self.pods.objects.items() if ns == namespace and
+                (p["metadata"].get("labels") or {}).get(LABEL_RUN) == run]
+
+
+# -- slim copies for the caches ------------------------------------------------------------
+
+
+def slim_run(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """An AgentRun without what no reconcile reads: its input, once it is snapshotted
+    (until then the launch needs it, and reads it here rather than from the API)."""
+    meta = obj.get("metadata") or {}
+    launched = bool((obj.get("status") or {}).get("inputDigest"))
+    spec = {k: v for k, v in (obj.get("spec") or {}).items() if k != "input" or not launched}
+    # ownerReferences: a schedule's runs are its own (its uid as their controller).
+    keep = ("name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
+            "deletionTimestamp", "finalizers", "labels", "annotations", "ownerReferences")
+    return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
+            "metadata": {k: meta[k] for k in keep if k in meta}, "spec": spec,
+            "status": dict(obj.get("status") or {})}
+
+
+def slim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A runner pod as classify() and the reconcile read it."""
+    meta = obj.get("metadata") or {}
+    keep = ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp", "labels",
+            "annotations", "ownerReferences", "creationTimestamp")
+    spec = obj.get("spec") or {}
+    kept: dict[str, Any] = {"nodeName": spec.get("nodeName")}
+    if spec.get("schedulingGates"):  # Kueue's admission gate (queue.py)
+        kept["schedulingGates"] = spec["schedulingGates"]
+    return {"metadata": {k: meta[k] for k in keep if k in meta}, "spec": kept,
+            "status": dict(obj.get("status") or {})}
+
+
+def slim_node(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    return {"metadata": {k: meta[k] for k in ("name", "uid", "resourceVersion") if k in meta},
+            "status": {"conditions": status.get("conditions") or []}}
+
+
+# -- workers ------------------------------------------------------------------------------------
+
+
+Reconciler = Callable[[Context, str, str], Awaitable[float | None]]
+
+
+async def work(ctx: Context, reconcilers: Mapping[str, Reconciler]) -> None:
+    """One worker: takes keys off the queue until cancelled; each key's kind names its
+    reconcile in `reconcilers` ("run", "replay", "approval", "schedule", "trigger",
+    "agent")."""
+    while True:
+        key = await ctx.queue.get()
+        kind, namespace, name = key
+        started, result = time.perf_counter(), "ok"
+        try:
+            again = await reconcilers[kind](ctx, namespace, name)
+        except asyncio.CancelledError:
+            ctx.queue.done(key)
+            raise
+        except Conflict:
+            # A newer write won: the watch brings that state; look again soon anyway.
+            again, result = 0.2, "conflict"
+        except Exception:
+            log.exception("event=reconcile-failed kind=%s object=%s/%s", kind, namespace, name)
+            again, result = ctx.queue.failed(key), "error"
+        metrics.RECONCILE_DURATION.labels(kind, result).observe(time.perf_counter() - started)
+        ctx.queue.done(key)
+        if again is not None:
+            ctx.queue.add_after(key, again)
