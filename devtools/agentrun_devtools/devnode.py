@@ -103,7 +103,7 @@ from agentrun.vocabulary import (
 )
 from agentrun_devtools import forkserver, peers, runner_launcher
 from agentrun_devtools.forkserver import Forked
-from agentrun_devtools.processes import child_setup
+from agentrun_devtools.processes import child_setup, signal_group, start_ticks
 
 log = logging.getLogger("devnode")
 
@@ -266,6 +266,9 @@ class PodProcess:
     reported: bool = False
     tokens: list[ProjectedToken] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # When the process started (processes.start_ticks): its group is signalled only while
+    # its number is not another's.
+    started_ticks: int | None = None
 
 
 class DevNode:
@@ -549,7 +552,8 @@ class DevNode:
             self._report_start_failure(pod, container.name, str(e))
             return
         proc = PodProcess(namespace, name, uid, container.name, process, log_path,
-                          started, deadline, tokens=tokens)
+                          started, deadline, tokens=tokens,
+                          started_ticks=start_ticks(process.pid))
         self.pods[uid] = proc
         log.info("event=started pod=%s/%s pid=%s", namespace, name, process.pid)
         self._patch_status(namespace, name, {
@@ -993,8 +997,7 @@ class DevNode:
 
     @staticmethod
     def _kill(proc: PodProcess, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.process.pid, sig)
+        signal_group(proc.process.pid, proc.started_ticks, sig)
 
     @staticmethod
     def _log_tail(path: Path, limit: int = 2048) -> str:

@@ -43,7 +43,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 # -- the client half ------------------------------------------------------------------------
 
@@ -55,15 +55,19 @@ class Unavailable(RuntimeError):
 class Forked:
     """A process the server forked: what the callers of subprocess.Popen use of one."""
 
-    def __init__(self, connection: socket.socket, pid: int) -> None:
+    def __init__(self, connection: socket.socket, reader: BinaryIO, pid: int) -> None:
+        """`reader`: the connection's reader that read the pid. The server's next line may
+        already be in its buffer (a process that ended at once): a second reader of the
+        connection would not see it, and a plain exit would read as the server's death."""
         self.pid = pid
         self.returncode: int | None = None
         self._connection = connection
+        self._reader = reader
         self._ended = threading.Event()
         threading.Thread(target=self._await_exit, name=f"forked-{pid}", daemon=True).start()
 
     def _await_exit(self) -> None:
-        reader = self._connection.makefile("rb")
+        reader = self._reader
         try:
             line = reader.readline()
             # The server's word; a server that died took its children with it (they die
@@ -148,15 +152,15 @@ class ForkServer:
             connection.sendall(json.dumps(request).encode() + b"\n")
             reader = connection.makefile("rb")
             answer = json.loads(reader.readline() or b"{}")
-            reader.close()
         except (OSError, ValueError) as e:
             connection.close()
             raise Unavailable(f"the fork server of {self.module} is gone: {e}") from e
         if "pid" not in answer:
+            reader.close()
             connection.close()
             raise Unavailable(f"the fork server of {self.module} refused: "
                               f"{answer.get('error', 'no answer')}")
-        return Forked(connection, int(answer["pid"]))
+        return Forked(connection, reader, int(answer["pid"]))
 
     def stop(self) -> None:
         """Stops the server; its children die with it."""

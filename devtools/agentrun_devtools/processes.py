@@ -74,6 +74,33 @@ def wait_for(
         time.sleep(interval)
 
 
+def start_ticks(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot: field 22 of /proc/<pid>/stat),
+    or None when no process has that number."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def signal_group(leader: int, started: int | None, sig: int) -> None:
+    """Sends `sig` to the process group that `leader` (started at `started`, start_ticks)
+    made, and never to another group of the same number.
+
+    The leader may be gone and its group left with its descendants. While a member lives,
+    Linux gives the number to no new process; once none does, a new process may get it
+    and make a group of its own (the runner processes and fork servers here each do). So:
+    when a process holds the number and is not the leader (it started at another time, or
+    the leader's start was never seen), the group is someone else's and is left alone.
+    Without this, stopping a process that ended minutes ago killed whichever group had
+    been given its number since (pids wrap at 32,768 here)."""
+    holder = start_ticks(leader)
+    if holder is not None and holder != started:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(leader, sig)
+
+
 class Child:
     """One started server process with its log file."""
 
@@ -101,6 +128,7 @@ class Child:
             self.process = forks.spawn([forks.module, *argv[1:]], shown_argv=list(argv),
                                        env=dict(os.environ if env is None else env),
                                        cwd=cwd or Path.cwd(), log_path=log_path)
+            self._started = start_ticks(self.process.pid)
             return
         self.process = subprocess.Popen(
             list(argv),
@@ -111,6 +139,7 @@ class Child:
             cwd=cwd,
             preexec_fn=child_setup(user, die_with_parent),
         )
+        self._started = start_ticks(self.process.pid)
 
     @property
     def pid(self) -> int:
@@ -128,13 +157,11 @@ class Child:
     def stop(self, grace: float = 5.0) -> None:
         """SIGTERM the whole process group, then SIGKILL what is left after `grace`."""
         if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
+            signal_group(self.process.pid, self._started, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(grace)
         # The group may hold grandchildren even after the leader exited.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        signal_group(self.process.pid, self._started, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(5)
         self._log.close()

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from agentrun_devtools.controlplane import REPO, ControlPlane
-from agentrun_devtools.processes import pids_alive, wait_for
+from agentrun_devtools.processes import Child, pids_alive, wait_for
 
 
 def test_stop_leaves_no_process(tmp_path: Path) -> None:
@@ -57,3 +57,36 @@ def test_owner_killed_with_sigkill_leaves_no_process(tmp_path: Path) -> None:
     finally:
         if owner.poll() is None:
             owner.kill()
+
+
+def test_stopping_a_child_that_ended_kills_what_is_left_of_its_group(tmp_path: Path) -> None:
+    """The leader gone, a descendant it left in its group is still stopped with it."""
+    left = tmp_path / "left.pid"
+    child = Child("leaves", ["sh", "-c", f"sleep 60 & echo $! > {left}; exit 0"],
+                  tmp_path / "leaves.log")
+    assert child.process.wait(10) == 0
+    wait_for(lambda: left.exists() and left.read_text().strip() != "", timeout=10,
+             what="the descendant's pid")
+    descendant = int(left.read_text())
+    assert pids_alive([descendant]) == [descendant]
+    child.stop()
+    wait_for(lambda: pids_alive([descendant]) == [], timeout=10, what="the descendant gone")
+
+
+def test_stopping_a_child_that_ended_leaves_a_group_that_took_its_number_alone(
+        tmp_path: Path) -> None:
+    """Once nothing of a group lives, Linux may give its number to a new process, which
+    may make a group of its own (pids wrap at 32,768 on these machines). Stopping the
+    Child that ended long ago must not kill that group: here the number is made to name
+    another process's group, as a wrap would."""
+    child = Child("short", ["sh", "-c", "exit 0"], tmp_path / "short.log")
+    assert child.process.wait(10) == 0
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        child.process.pid = other.pid  # the number, given again to another group's leader
+        child.stop()
+        time.sleep(0.5)
+        assert other.poll() is None, "another process's group was killed"
+    finally:
+        other.kill()
+        other.wait(10)
