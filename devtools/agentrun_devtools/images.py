@@ -36,6 +36,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentrun_devtools import cache
+
 REPO = Path(__file__).resolve().parents[2]
 # Where the host keeps its CA bundle (read here), and where Debian's tools inside a RUN
 # step look for one (mounted there): the same path on a Debian host.
@@ -103,7 +105,7 @@ def default_images(operator: str, runner: str, postgres: str,
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("AGENTRUN_CACHE") or Path.home() / ".cache" / "agentrun") / "images"
+    return cache.root() / "images"
 
 
 def log(message: str) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from agentrun.vocabulary import LoaderEnv
+from agentrun_devtools import cache
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "runner-image" / "launcher" / "agentrun-runner.c"
@@ -44,7 +45,7 @@ class LauncherUnavailable(RuntimeError):
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("AGENTRUN_CACHE") or Path.home() / ".cache" / "agentrun")
+    return cache.root()
 
 
 def runner_path(python: Path) -> str:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import datetime
-import os
 from pathlib import Path
+
+from agentrun_devtools import cache
 
 
 def pct(values: list[float], q: float) -> float:
@@ -16,11 +17,7 @@ def pct(values: list[float], q: float) -> float:
 def results_dir() -> Path:
     """`${AGENTRUN_CACHE:-${XDG_CACHE_HOME:-~/.cache}/agentrun}/bench`: outside the tree, so
     a run's figures are never committed by accident (the docs quote the ones they cite)."""
-    root = os.environ.get("AGENTRUN_CACHE")
-    if root:
-        return Path(root) / "bench"
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "agentrun" / "bench"
+    return cache.root() / "bench"
 
 
 def results_file(name: str, given: str | None) -> Path | None:
