@@ -340,6 +340,37 @@ def api_requests(plane: ControlPlane) -> Requests:
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
+def refusals(plane: ControlPlane) -> dict[tuple[str, str, str], float]:
+    """kube-apiserver's answers other than 2xx, by (verb, resource[/sub], code)."""
+    text = plane.kubectl("get", "--raw", "/metrics", timeout=60).stdout
+    out: dict[tuple[str, str, str], float] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        if name != "apiserver_request_total":
+            continue
+        labels_text, _, value = rest.rpartition("} ")
+        labels = {k: v.strip('"') for k, v in (
+            part.split("=", 1) for part in labels_text.split(",") if "=" in part)}
+        code = labels.get("code", "")
+        if labels.get("verb") == "WATCH" or code.startswith("2"):
+            continue
+        resource = labels.get("resource", "")
+        if labels.get("subresource"):
+            resource += "/" + labels["subresource"]
+        key = (labels.get("verb", ""), resource, code)
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def refusal_line(n: int, before: dict[tuple[str, str, str], float],
+                 after: dict[tuple[str, str, str], float]) -> str:
+    counted = sorted(((k, v - before.get(k, 0.0)) for k, v in after.items()
+                      if v - before.get(k, 0.0) > 0), key=lambda kv: -kv[1])
+    return "  answered other than 2xx, per object: " + (", ".join(
+        f"{verb} {resource} {code} {count / n:.2f}" for (verb, resource, code), count
+        in counted) or "none")
+
+
 def request_delta(before: Requests, after: Requests) -> Requests:
     out = {}
     for key, (count, seconds) in after.items():
@@ -437,6 +468,7 @@ def main() -> int:
                 say(f"\n{label}: N AgentRuns -> N runner pods")
                 r0, x0, c0 = api_requests(plane), transactions(pg, "bench"), cpu_ticks(
                     operator.child.pid)
+                f0 = refusals(plane)
                 a_created, a_pods = timed_half(plane, api, namespace, LABEL_RUN,
                                                agentrun_maker(api, namespace), args.n,
                                                args.threads)
@@ -449,6 +481,7 @@ def main() -> int:
                     f"average {load()}")
                 for line in cost_lines(label, args.n, a_cost, a_xacts):
                     say(line)
+                say(refusal_line(args.n, f0, refusals(plane)))
                 discarded = operator.child.log_path.read_text(errors="replace").count(
                     "Connection pool is full")
                 say(f"  operator log: {discarded} 'Connection pool is full, discarding "
@@ -460,7 +493,7 @@ def main() -> int:
                 rows.append((label, a_created, a_pods))
 
             say("\nJob controller: N Jobs -> N pods")
-            r0 = api_requests(plane)
+            r0, f0 = api_requests(plane), refusals(plane)
             j_created, j_pods = timed_half(plane, api, "tp-jobs", "job-name",
                                            job_maker(api, "tp-jobs"), args.n, args.threads)
             j_cost = request_delta(r0, api_requests(plane))
@@ -468,6 +501,7 @@ def main() -> int:
                 f"{j_pods:.1f} s; load average {load()}")
             for line in cost_lines("Jobs", args.n, j_cost, None):
                 say(line)
+            say(refusal_line(args.n, f0, refusals(plane)))
 
             say(f"\nFirst create call -> all N={args.n} pods exist in the API")
             say("| | creates returned | all pods | pods/s | ratio Job / this |\n"

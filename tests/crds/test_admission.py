@@ -257,8 +257,41 @@ def test_operator_creates_replay_runs_and_users_may_still_touch_them(
     ]:
         done = ALICE.kubectl(crds, *args, "-n", people)
         assert done.returncode == 0, done.stderr
-    done = ALICE.kubectl(crds, "delete", "agentrun/triage-42-replay", "-n", people)
+    # No operator runs here to release the run's finalizer: the deletion is accepted, and
+    # the run waits for it.
+    done = ALICE.kubectl(crds, "delete", "agentrun/triage-42-replay", "-n", people,
+                         "--wait=false")
     assert done.returncode == 0, done.stderr
+    assert stored(crds, people, "agentrun/triage-42-replay")["metadata"]["deletionTimestamp"]
+
+
+# -- the run's finalizer (run-finalizer-policy.yaml) ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "creator", [ALICE, OPERATOR, LOCAL_OPERATOR], ids=["user", "operator", "operators-group"]
+)
+def test_every_run_is_created_with_its_finalizer_and_keeps_its_own(
+    crds: Kubectl, people: str, creator: Person
+) -> None:
+    apply(crds, people, run_manifest("plain"), as_user=creator.user,
+          as_groups=creator.groups, check=True)
+    assert stored(crds, people, "agentrun/plain")["metadata"]["finalizers"] == [
+        "agentrun.dev/finalizer"]
+    # Applied again, server-side by the same field manager, as GitOps tools do: it stays.
+    apply(crds, people, run_manifest("plain"), as_user=creator.user,
+          as_groups=creator.groups, check=True)
+    assert stored(crds, people, "agentrun/plain")["metadata"]["finalizers"] == [
+        "agentrun.dev/finalizer"]
+
+    manifest = run_manifest("with-its-own")
+    manifest["metadata"]["finalizers"] = ["example.com/keep"]
+    apply(crds, people, manifest, as_user=creator.user, as_groups=creator.groups, check=True)
+    assert sorted(stored(crds, people, "agentrun/with-its-own")["metadata"]["finalizers"]) == [
+        "agentrun.dev/finalizer", "example.com/keep"]
+    # Only runs: a replay is not held.
+    apply(crds, people, replay_manifest("again", "plain"), as_user=ALICE.user, check=True)
+    assert "finalizers" not in stored(crds, people, "agentrunreplay/again")["metadata"]
 
 
 # -- the built-in roles ---------------------------------------------------------------------

@@ -137,7 +137,8 @@ def test_every_policy_is_bound() -> None:
     mutating_bound = {d["spec"]["policyName"] for d in _docs()
                       if d["kind"] == "MutatingAdmissionPolicyBinding"}
     assert mutating == mutating_bound == {"agentrun-replay-requester", "agentrun-run-creator",
-                                          "agentrun-schedule-template-by"}
+                                          "agentrun-schedule-template-by",
+                                          "agentrun-run-finalizer"}
 
 
 def test_the_schedule_crd_speaks_the_vocabulary() -> None:
