@@ -54,6 +54,9 @@ The operator's read and write of a sync (run_state.py)
     await run_state(engine, uid, attempt, previous=, approvals=, published=, usage=)
         -> RunState: the run's row, the attempt's, and as asked the attempt before, its
         approvals, ledger, answer and usage, in one transaction
+    await settle_then_state(engine, uid, attempt, status, reason, message, count=, previous=,
+                            approvals=, published=, usage=) -> RunState | None: the fence
+        (settle, or settle_counting when count) committed, then run_state, on one connection
     await launch_attempt(engine, uid, attempt, session_id, pod_name, namespace=, agent=,
                          user_id=, resumes_attempt=, resumes_run_uid=, record=, snapshot=)
         -> SessionClaim: [input snapshot, run row,] session claim and, when granted, the
@@ -187,6 +190,7 @@ from agentrun.store.run_state import (
     launch_attempt,
     record_launch,
     run_state,
+    settle_then_state,
 )
 from agentrun.store.runs import (
     Attempt,
@@ -314,6 +318,7 @@ __all__ = [
     "set_tools_executed",
     "settle",
     "settle_counting",
+    "settle_then_state",
     "start_attempt",
     "tools_executed",
     "transcript_facts",

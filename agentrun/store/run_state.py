@@ -21,7 +21,16 @@ from agentrun.store.approvals import Approval, approvals_on
 from agentrun.store.inputs import put_input_on
 from agentrun.store.ledger import ledger_on
 from agentrun.store.outcome import Result, Usage, result_on, usage_on
-from agentrun.store.runs import Attempt, Run, attempt_on, record_run_on, run_on, start_attempt_on
+from agentrun.store.runs import (
+    Attempt,
+    Run,
+    attempt_on,
+    record_run_on,
+    run_on,
+    settle_counting_on,
+    settle_on,
+    start_attempt_on,
+)
 from agentrun.store.sessions import SessionClaim, claim_session_on
 
 
@@ -45,15 +54,46 @@ async def run_state(engine: AsyncEngine, uid: str, attempt: int, *, previous: bo
     its calls that waited for a decision (`approvals`), what a settled run publishes
     (`published`: ledger, answer and usage), or its usage alone (`usage`)."""
     async with engine.connect() as conn:
-        return RunState(
-            run=await run_on(conn, uid),
-            attempt=await attempt_on(conn, uid, attempt),
-            previous=await attempt_on(conn, uid, attempt - 1)
-            if previous and attempt > 1 else None,
-            approvals=tuple(await approvals_on(conn, uid)) if approvals else (),
-            ledger=tuple(await ledger_on(conn, uid)) if published else None,
-            result=await result_on(conn, uid) if published else None,
-            usage=await usage_on(conn, uid) if published or usage else None)
+        return await run_state_on(conn, uid, attempt, previous=previous, approvals=approvals,
+                                  published=published, usage=usage)
+
+
+async def run_state_on(conn: AsyncConnection, uid: str, attempt: int, *,
+                       previous: bool = False, approvals: bool = False,
+                       published: bool = False, usage: bool = False) -> RunState:
+    """run_state on `conn`, in the caller's transaction."""
+    return RunState(
+        run=await run_on(conn, uid),
+        attempt=await attempt_on(conn, uid, attempt),
+        previous=await attempt_on(conn, uid, attempt - 1)
+        if previous and attempt > 1 else None,
+        approvals=tuple(await approvals_on(conn, uid)) if approvals else (),
+        ledger=tuple(await ledger_on(conn, uid)) if published else None,
+        result=await result_on(conn, uid) if published else None,
+        usage=await usage_on(conn, uid) if published or usage else None)
+
+
+async def settle_then_state(engine: AsyncEngine, uid: str, attempt: int, status: str,
+                            reason: str | None, message: str | None, *, count: bool,
+                            previous: bool = False, approvals: bool = False,
+                            published: bool = False, usage: bool = False
+                            ) -> RunState | None:
+    """The fence, then what it leaves, on one connection: attempt `attempt` settled (first
+    writer wins; its tools counted when `count`, as settle_counting does, else none) and
+    committed, then the run as run_state reads it. One checkout where an eviction took two
+    before its status could be written. Raises if the settle failed; None if only the
+    read after it did (the fence stands)."""
+    async with engine.connect() as conn:
+        async with conn.begin():
+            if count:
+                await settle_counting_on(conn, uid, attempt, status, reason, message)
+            else:
+                await settle_on(conn, uid, attempt, status, reason, message, [])
+        try:
+            return await run_state_on(conn, uid, attempt, previous=previous,
+                                      approvals=approvals, published=published, usage=usage)
+        except Exception:  # the caller reads again, and knows it does not know
+            return None
 
 
 @dataclass(frozen=True)

@@ -359,7 +359,7 @@ async def settle(
     """
     tools = None if tools_executed is None else list(tools_executed)
     async with engine.begin() as conn:
-        return await _settle_on(conn, uid, attempt, status, reason, message, tools)
+        return await settle_on(conn, uid, attempt, status, reason, message, tools)
 
 
 @dataclass(frozen=True)
@@ -388,40 +388,46 @@ async def settle_counting(
     else settled the attempt first.
     """
     async with engine.begin() as conn:
-        if not await _settle_on(conn, uid, attempt, status, reason, message, None):
-            return Settled(False, None)
-        tools: list[str] | None
-        try:
-            async with conn.begin_nested():
-                tools = await tools_on(conn, uid, attempt)
-                # A resumed attempt's calls come after those of the attempt it resumed:
-                # the run's toolsExecuted is every call that really ran, across them.
-                # (No attempt row: refused before its pod, nothing resumed.)
-                resumed, elsewhere = (await conn.execute(
-                    select(attempts.c.resumes_attempt, attempts.c.resumes_run_uid)
-                    .where(*_attempt_key(uid, attempt))
-                )).one_or_none() or (None, None)
-                # (A replay run resuming its original's fork counts only its own calls.)
-                if resumed is not None and elsewhere is None:
-                    before = (await conn.execute(
-                        select(attempts.c.tools_executed).where(*_attempt_key(uid, resumed))
-                    )).scalar_one_or_none()
-                    tools = None if before is None else [*before, *tools]
-        except UNREADABLE:
-            tools = None
-        if tools is not None:
-            await conn.execute(
-                update(attempts).where(*_attempt_key(uid, attempt)).values(tools_executed=tools)
-            )
-            await conn.execute(
-                update(runs)
-                .where(runs.c.uid == uid, runs.c.attempts == attempt)
-                .values(tools_executed=tools)
-            )
-        return Settled(True, tools)
+        return await settle_counting_on(conn, uid, attempt, status, reason, message)
 
 
-async def _settle_on(
+async def settle_counting_on(conn: AsyncConnection, uid: str, attempt: int, status: str,
+                             reason: str | None, message: str | None) -> Settled:
+    """settle_counting on `conn`, in the caller's transaction."""
+    if not await settle_on(conn, uid, attempt, status, reason, message, None):
+        return Settled(False, None)
+    tools: list[str] | None
+    try:
+        async with conn.begin_nested():
+            tools = await tools_on(conn, uid, attempt)
+            # A resumed attempt's calls come after those of the attempt it resumed:
+            # the run's toolsExecuted is every call that really ran, across them.
+            # (No attempt row: refused before its pod, nothing resumed.)
+            resumed, elsewhere = (await conn.execute(
+                select(attempts.c.resumes_attempt, attempts.c.resumes_run_uid)
+                .where(*_attempt_key(uid, attempt))
+            )).one_or_none() or (None, None)
+            # (A replay run resuming its original's fork counts only its own calls.)
+            if resumed is not None and elsewhere is None:
+                before = (await conn.execute(
+                    select(attempts.c.tools_executed).where(*_attempt_key(uid, resumed))
+                )).scalar_one_or_none()
+                tools = None if before is None else [*before, *tools]
+    except UNREADABLE:
+        tools = None
+    if tools is not None:
+        await conn.execute(
+            update(attempts).where(*_attempt_key(uid, attempt)).values(tools_executed=tools)
+        )
+        await conn.execute(
+            update(runs)
+            .where(runs.c.uid == uid, runs.c.attempts == attempt)
+            .values(tools_executed=tools)
+        )
+    return Settled(True, tools)
+
+
+async def settle_on(
     conn: AsyncConnection,
     uid: str,
     attempt: int,

@@ -126,9 +126,11 @@ async def reconcile_run(ctx: Context, namespace: str, name: str) -> float | None
 
 
 async def gather(ctx: Context, run: Mapping[str, Any], *, after_fence: bool = False,
-                 unsettled: Outcome | None = None) -> RunFacts:
+                 unsettled: Outcome | None = None,
+                 state: store.RunState | None = None) -> RunFacts:
     """What one sync knows: the caches, then the store as far as the decision needs it
-    (everything a settled attempt shows, `after_fence`)."""
+    (everything a settled attempt shows, `after_fence`; `state` when the fence read it
+    already)."""
     meta, status = run["metadata"], run.get("status") or {}
     namespace = meta["namespace"]
     attempt = current_attempt(status)
@@ -152,6 +154,8 @@ async def gather(ctx: Context, run: Mapping[str, Any], *, after_fence: bool = Fa
         unsettled=unsettled)
     if phase in Phase.TERMINAL:
         facts = _settled_caches(ctx, facts)
+    if state is not None:
+        return await _with_store(ctx, facts, state)
     wanted = SETTLED_READS if after_fence else reads(facts, now(), ctx.config)
     if wanted is None:
         return facts
@@ -190,6 +194,12 @@ async def _read_store(ctx: Context, facts: RunFacts, wanted: Reads) -> RunFacts:
         log.warning("event=store-unreadable run=%s error=%r", facts.name, e)
         metrics.STORE_ERRORS.labels("facts").inc()
         return dataclasses.replace(facts, store=UNKNOWN)
+    return await _with_store(ctx, facts, state)
+
+
+async def _with_store(ctx: Context, facts: RunFacts, state: store.RunState) -> RunFacts:
+    """The facts with what the store said, and what that says to look at next."""
+    uid = facts.meta["uid"]
     facts = dataclasses.replace(facts, store=state)
     row = state.attempt
     if facts.pod is None and ctx.pods is not None and facts.launched and row is not None \
@@ -260,6 +270,7 @@ async def _fence(ctx: Context, facts: RunFacts, step: Settle | Count | Deny | Ca
     meta, status = facts.meta, facts.status
     uid, attempt = meta["uid"], facts.attempt
     unsettled = None
+    state: store.RunState | None = None
     match step:
         case Settle():
             o = step.outcome
@@ -270,13 +281,13 @@ async def _fence(ctx: Context, facts: RunFacts, step: Settle | Count | Deny | Ca
             try:
                 # Counted whatever the reason says: a runner that reports "nothing ran"
                 # after a recorded call must not erase it (the ledger and the session
-                # decide). Whoever settled first: their account stands.
-                if step.count:
-                    await store.settle_counting(ctx.engine, uid, attempt,
-                                                _STORE_STATUS[o.phase], o.reason, o.message)
-                else:
-                    await store.settle(ctx.engine, uid, attempt, _STORE_STATUS[o.phase],
-                                       o.reason, o.message, [])
+                # decide). Whoever settled first: their account stands. What the run
+                # then shows is read on the same connection.
+                state = await store.settle_then_state(
+                    ctx.engine, uid, attempt, _STORE_STATUS[o.phase], o.reason, o.message,
+                    count=step.count, previous=SETTLED_READS.previous,
+                    approvals=SETTLED_READS.approvals, published=SETTLED_READS.published,
+                    usage=SETTLED_READS.usage)
             except Exception as e:
                 # The store cannot be reached: the run's status is the record, tools
                 # unknown, until the store answers again.
@@ -309,7 +320,7 @@ async def _fence(ctx: Context, facts: RunFacts, step: Settle | Count | Deny | Ca
                                    "cancel", "the run was cancelled while it waited", None)
             await store.close_run(ctx.engine, uid, attempt, RunStatus.CANCELLED,
                                   Reason.CANCEL_REQUESTED, step.message)
-    return await gather(ctx, facts.run, after_fence=True, unsettled=unsettled)
+    return await gather(ctx, facts.run, after_fence=True, unsettled=unsettled, state=state)
 
 
 async def show(ctx: Context, facts: RunFacts, step: Show) -> float | None:

@@ -40,6 +40,38 @@ def test_no_tool_starts_after_settle(any_store: str) -> None:
     query(any_store, go)
 
 
+def test_the_fence_and_what_it_leaves_are_read_on_one_connection(any_store: str) -> None:
+    """settle_then_state: the settle commits first (the fence holds whatever the read
+    after it does), then the run reads as run_state reads it, the settle's count in it."""
+
+    async def go(e: AsyncEngine) -> None:
+        await _attempt(e, "f5")
+        await store.open_call(e, "f5", 1, 1, "send_email", "c1", store.args_digest({}))
+        state = await store.settle_then_state(e, "f5", 1, RunStatus.FAILED, "Evicted", "x",
+                                              count=True, approvals=True, published=True)
+        assert state is not None and state.run is not None and state.attempt is not None
+        assert (state.run.status, state.run.tools_executed) == (RunStatus.FAILED,
+                                                                ["send_email"])
+        assert (state.attempt.status, state.attempt.reason) == (RunStatus.FAILED, "Evicted")
+        assert state.ledger is not None and [x.tool for x in state.ledger] == ["send_email"]
+        with pytest.raises(store.AttemptSettled):
+            await store.open_call(e, "f5", 1, 2, "update_crm", "c2", store.args_digest({}))
+        # Second (a late event): it loses, and reads the first one's account.
+        late = await store.settle_then_state(e, "f5", 1, RunStatus.SUCCEEDED, None, None,
+                                             count=False)
+        assert late is not None and late.run is not None and late.ledger is None
+        assert (late.run.status, late.run.tools_executed) == (RunStatus.FAILED,
+                                                              ["send_email"])
+        # Not counting: the attempt ends with no tools.
+        await _attempt(e, "f6")
+        quiet = await store.settle_then_state(e, "f6", 1, RunStatus.FAILED, "ImagePull", "y",
+                                              count=False)
+        assert quiet is not None and quiet.run is not None
+        assert quiet.run.tools_executed == []
+
+    query(any_store, go)
+
+
 def test_no_call_is_closed_after_settle(any_store: str) -> None:
     """A close after the settle would rewrite what the operator counted (a journal close
     takes a call out of toolsExecuted): refused in the close's own statement."""
