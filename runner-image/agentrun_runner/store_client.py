@@ -44,6 +44,12 @@ CONNECT_RETRIES = 5
 CONNECT_BACKOFF_SECONDS = 0.25
 CONNECT_BACKOFF_MAX_SECONDS = 4.0
 TIMEOUT_SECONDS = 30.0
+# A store API that says 503 with Retry-After did nothing of the request: the store is not
+# at its schema yet (the operator migrates it as it starts, beside it). Any request is sent
+# again after the time it asks for, for at most this long in all; then the run fails
+# saying what the store API said.
+NOT_READY_SECONDS = 60.0
+NOT_READY_WAIT_MAX_SECONDS = 5.0
 # The model's turn that calls tools rides on the first open of its calls, one request where
 # there were two, when it is at most this large (the store API takes 64 KiB, measured its
 # own way); a larger one is appended alone.
@@ -59,6 +65,16 @@ class StoreRefused(RuntimeError):
         self.message = message
         # The run's failure reason when the refusal names one (ApprovalMismatch).
         self.reason = reason
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (the store API sends a number), at most
+    NOT_READY_WAIT_MAX_SECONDS; None when absent or not a number."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return None if seconds is None or seconds < 0 else min(seconds, NOT_READY_WAIT_MAX_SECONDS)
 
 
 class StoreUnreachable(RuntimeError):
@@ -196,7 +212,9 @@ class StoreClient:
                     raw: bytes | None = None, params: Mapping[str, Any] | None = None,
                     missing_ok: bool = False, repeatable: bool = False) -> Any:
         """One request. `repeatable` (and every GET or DELETE): it may be sent again when
-        the store API went away before answering, as it means the same twice."""
+        the store API went away before answering, as it means the same twice. Any request
+        is sent again after a 503 with Retry-After (the store API did none of it), for
+        NOT_READY_SECONDS at most."""
         repeatable = repeatable or method in ("GET", "DELETE")
         headers = {"Authorization": f"Bearer {self._token()}"}
         content = raw if raw is not None else (
@@ -204,29 +222,16 @@ class StoreClient:
         if content is not None:
             headers["Content-Type"] = "application/json"
         query = {k: str(v) for k, v in params.items()} if params else None
-        status, answer = 0, b""
-        for attempt in range(CONNECT_RETRIES + 1):
-            try:
-                async with self._http().request(method, self.url + path, data=content,
-                                                headers=headers, params=query) as response:
-                    status, answer = response.status, await response.read()
-                    self._answered(status, response.headers)
+        clock = asyncio.get_running_loop().time
+        deadline = clock() + NOT_READY_SECONDS
+        while True:
+            status, answer, retry_after = await self._send_once(
+                method, path, content, headers, query, repeatable)
+            wait = _retry_after(retry_after) if status == 503 else None
+            if wait is None or clock() + wait > deadline:
                 break
-            except aiohttp.ClientConnectorError as e:  # it never left
-                if attempt == CONNECT_RETRIES:
-                    raise StoreUnreachable(
-                        f"the store API at {self.url} cannot be reached: {e}") from e
-                await asyncio.sleep(min(CONNECT_BACKOFF_MAX_SECONDS,
-                                        CONNECT_BACKOFF_SECONDS * 2 ** attempt))
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-                if not repeatable or attempt == CONNECT_RETRIES:
-                    raise StoreUnreachable(f"the store API at {self.url} failed: "
-                                           f"{type(e).__name__}: {e}") from e
-                await asyncio.sleep(min(CONNECT_BACKOFF_MAX_SECONDS,
-                                        CONNECT_BACKOFF_SECONDS * 2 ** attempt))
-            except (aiohttp.ClientError, TimeoutError) as e:
-                raise StoreUnreachable(f"the store API at {self.url} failed: "
-                                       f"{type(e).__name__}: {e}") from e
+            logs.warning("store.not_ready", path=path, retry_after=wait)
+            await asyncio.sleep(wait)
         if status == 404 and missing_ok:
             return None
         try:
@@ -240,6 +245,33 @@ class StoreClient:
             raise StoreRefused(status, str(data.get("error") or data),
                                reason if isinstance(reason, str) else None)
         return data
+
+    async def _send_once(self, method: str, path: str, content: bytes | None,
+                         headers: Mapping[str, str], query: Mapping[str, str] | None,
+                         repeatable: bool) -> tuple[int, bytes, str | None]:
+        """The request, sent again only when it never left (or when `repeatable` and the
+        store API went away before answering); its status, body and Retry-After."""
+        for attempt in range(CONNECT_RETRIES + 1):
+            try:
+                async with self._http().request(method, self.url + path, data=content,
+                                                headers=headers, params=query) as response:
+                    status, answer = response.status, await response.read()
+                    self._answered(status, response.headers)
+                    return status, answer, response.headers.get("Retry-After")
+            except aiohttp.ClientConnectorError as e:  # it never left
+                if attempt == CONNECT_RETRIES:
+                    raise StoreUnreachable(
+                        f"the store API at {self.url} cannot be reached: {e}") from e
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+                if not repeatable or attempt == CONNECT_RETRIES:
+                    raise StoreUnreachable(f"the store API at {self.url} failed: "
+                                           f"{type(e).__name__}: {e}") from e
+            except (aiohttp.ClientError, TimeoutError) as e:
+                raise StoreUnreachable(f"the store API at {self.url} failed: "
+                                       f"{type(e).__name__}: {e}") from e
+            await asyncio.sleep(min(CONNECT_BACKOFF_MAX_SECONDS,
+                                    CONNECT_BACKOFF_SECONDS * 2 ** attempt))
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     # -- the attempt -----------------------------------------------------------------------
 

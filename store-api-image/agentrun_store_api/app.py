@@ -23,7 +23,7 @@ from agentrun.vocabulary import STORE_AUDIENCE
 from agentrun_store_api import limits, metrics
 from agentrun_store_api.auth import Authority
 from agentrun_store_api.quotas import Quotas
-from agentrun_store_api.refusal import OverQuota, Refused
+from agentrun_store_api.refusal import NotReady, OverQuota, Refused
 from agentrun_store_api.routes import ROUTES, Route, Routes, too_large
 from agentrun_store_api.tls import ServingCertificate
 
@@ -105,7 +105,7 @@ def _serving(route: Route, authority: Authority, quotas: Quotas, readiness: Read
                 # Before the token: a body too large is refused unread, whoever sends it.
                 raise too_large(route.name, limit, declared)
             if not readiness.ready:
-                raise Refused(503, readiness.why or "the run store is not ready")
+                raise NotReady(readiness.why or "the run store is not ready")
             caller = await authority.caller(request)
             async with quotas.turn(caller):
                 try:
@@ -174,7 +174,10 @@ def _refused(route: Route, refusal: Refused, caller: AttemptIdentity | None,
     body = {"error": refusal.message}
     if refusal.reason:
         body["reason"] = refusal.reason
-    return _answer(refusal.status, body)
+    response = _answer(refusal.status, body)
+    if isinstance(refusal, NotReady):
+        response.headers["Retry-After"] = str(NotReady.RETRY_AFTER_SECONDS)
+    return response
 
 
 def _run_of(caller: AttemptIdentity | None) -> str:

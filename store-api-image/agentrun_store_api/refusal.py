@@ -14,6 +14,16 @@ class Refused(Exception):
         self.reason = reason
 
 
+class NotReady(Refused):
+    """503 with Retry-After: the store is not at this code's schema yet (the operator
+    migrates it as it starts). Nothing of the request was done: the runner sends it again."""
+
+    RETRY_AFTER_SECONDS = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(503, message)
+
+
 class OverQuota(Refused):
     """429: the attempt has written all a quota allows (asking again will not help)."""
 

@@ -100,3 +100,92 @@ def test_a_call_that_may_have_been_opened_is_not(served: tuple[StoreClient, list
     with pytest.raises(StoreUnreachable, match="ServerDisconnectedError"):
         _with(client, client.request("POST", "/v1/ledger", {"seq": 1}))
     assert arrived == ["/v1/ledger"]
+
+
+# -- a store API whose store is not ready yet (503 with Retry-After) ----------------------
+
+
+class _NotReadyFirst(http.server.BaseHTTPRequestHandler):
+    """Answers the first `refusals` requests 503, with Retry-After when `retry_after` is
+    set (as the store API does while the store is not at its schema), then 200."""
+
+    arrived: list[str]
+    refusals = 2
+    retry_after: str | None = "0.05"
+
+    def _handle(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        self.arrived.append(self.path)
+        if len(self.arrived) <= self.refusals:
+            body = json.dumps({"error": "the run store has not been checked yet"}).encode()
+            self.send_response(503)
+            if self.retry_after is not None:
+                self.send_header("Retry-After", self.retry_after)
+        else:
+            body = json.dumps({"ok": True}).encode()
+            self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _handle
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _not_ready(tmp_path: Path, **handler: object) -> tuple[StoreClient, list[str],
+                                                           http.server.ThreadingHTTPServer]:
+    pki = PKI(tmp_path / "pki", name="store-api-test-ca")
+    cert, key = pki.issue("store", "store", server=True, hosts=("127.0.0.1",))
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(str(cert), str(key))
+    arrived: list[str] = []
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), type("Handler", (_NotReadyFirst,), {"arrived": arrived, **handler}))
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    return (StoreClient(f"https://127.0.0.1:{server.server_address[1]}", token,
+                        pki.ca_cert.read_text()), arrived, server)
+
+
+@pytest.mark.parametrize("method", ["POST", "GET"])
+def test_a_store_not_ready_yet_is_asked_again_after_what_it_says(
+        tmp_path: Path, method: str) -> None:
+    """Any request, one that may not be sent twice too: a 503 with Retry-After did none of
+    it."""
+    client, arrived, server = _not_ready(tmp_path)
+    try:
+        assert _with(client, client.request(method, "/v1/ledger", {"seq": 1})) == {"ok": True}
+        assert arrived == ["/v1/ledger"] * 3
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_503_without_retry_after_fails_at_once(tmp_path: Path) -> None:
+    client, arrived, server = _not_ready(tmp_path, retry_after=None)
+    try:
+        with pytest.raises(store_client.StoreRefused, match="503"):
+            _with(client, client.request("GET", "/v1/journal"))
+        assert arrived == ["/v1/journal"]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_store_that_stays_not_ready_fails_the_request_saying_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_client, "NOT_READY_SECONDS", 0.3)
+    client, arrived, server = _not_ready(tmp_path, refusals=1000)
+    try:
+        with pytest.raises(store_client.StoreRefused, match="has not been checked yet"):
+            _with(client, client.begin())
+        assert 2 <= len(arrived) <= 7, arrived
+    finally:
+        server.shutdown()
+        server.server_close()
