@@ -5,6 +5,7 @@ read, the attempt's begin), and fails saying so on one that may have been acted 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import json
 import ssl
@@ -54,13 +55,22 @@ class _DropsFirst(http.server.BaseHTTPRequestHandler):
 def served(tmp_path: Path,
            monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[StoreClient, list[str]]]:
     monkeypatch.setattr(store_client, "CONNECT_BACKOFF_SECONDS", 0.01)
+    with _serving(tmp_path, _DropsFirst) as (client, arrived):
+        yield client, arrived
+
+
+@contextlib.contextmanager
+def _serving(tmp_path: Path, handler: type[http.server.BaseHTTPRequestHandler],
+             **fields: object) -> Iterator[tuple[StoreClient, list[str]]]:
+    """A TLS server of `handler` (with `fields` set on it), a client of it, and the paths
+    its requests arrived at, in order."""
     pki = PKI(tmp_path / "pki", name="store-api-test-ca")
     cert, key = pki.issue("store", "store", server=True, hosts=("127.0.0.1",))
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     tls.load_cert_chain(str(cert), str(key))
     arrived: list[str] = []
     server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), type("Handler", (_DropsFirst,), {"arrived": arrived}))
+        ("127.0.0.1", 0), type("Handler", (handler,), {"arrived": arrived, **fields}))
     server.socket = tls.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     token = tmp_path / "token"
@@ -136,56 +146,27 @@ class _NotReadyFirst(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def _not_ready(tmp_path: Path, **handler: object) -> tuple[StoreClient, list[str],
-                                                           http.server.ThreadingHTTPServer]:
-    pki = PKI(tmp_path / "pki", name="store-api-test-ca")
-    cert, key = pki.issue("store", "store", server=True, hosts=("127.0.0.1",))
-    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    tls.load_cert_chain(str(cert), str(key))
-    arrived: list[str] = []
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), type("Handler", (_NotReadyFirst,), {"arrived": arrived, **handler}))
-    server.socket = tls.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    token = tmp_path / "token"
-    token.write_text("t\n")
-    return (StoreClient(f"https://127.0.0.1:{server.server_address[1]}", token,
-                        pki.ca_cert.read_text()), arrived, server)
-
-
 @pytest.mark.parametrize("method", ["POST", "GET"])
 def test_a_store_not_ready_yet_is_asked_again_after_what_it_says(
         tmp_path: Path, method: str) -> None:
     """Any request, one that may not be sent twice too: a 503 with Retry-After did none of
     it."""
-    client, arrived, server = _not_ready(tmp_path)
-    try:
+    with _serving(tmp_path, _NotReadyFirst) as (client, arrived):
         assert _with(client, client.request(method, "/v1/ledger", {"seq": 1})) == {"ok": True}
         assert arrived == ["/v1/ledger"] * 3
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_a_503_without_retry_after_fails_at_once(tmp_path: Path) -> None:
-    client, arrived, server = _not_ready(tmp_path, retry_after=None)
-    try:
+    with _serving(tmp_path, _NotReadyFirst, retry_after=None) as (client, arrived):
         with pytest.raises(store_client.StoreRefused, match="503"):
             _with(client, client.request("GET", "/v1/journal"))
         assert arrived == ["/v1/journal"]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_a_store_that_stays_not_ready_fails_the_request_saying_so(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(store_client, "NOT_READY_SECONDS", 0.3)
-    client, arrived, server = _not_ready(tmp_path, refusals=1000)
-    try:
+    with _serving(tmp_path, _NotReadyFirst, refusals=1000) as (client, arrived):
         with pytest.raises(store_client.StoreRefused, match="has not been checked yet"):
             _with(client, client.begin())
         assert 2 <= len(arrived) <= 7, arrived
-    finally:
-        server.shutdown()
-        server.server_close()
