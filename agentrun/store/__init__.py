@@ -97,6 +97,8 @@ Retention
     await purge_old_runs(engine, older_than, batch=500) -> int     settled records and their rows
         ADK events past retention, in batches; sessions keep their shell
     await purge_expired_memory(engine) -> int           memory entries past their expiry
+    await purge(engine, older_than) -> {step: int | Exception}
+                                                        the three above, each on its own
 
 Outcome (the final answer and the usage; tool calls are counted from the ledger)
     await record_result(engine, uid, attempt, text, parsed=None) -> bool   first wins
@@ -183,7 +185,12 @@ from agentrun.store.replays import (
     release_replay,
     replays_of,
 )
-from agentrun.store.retention import purge_expired_memory, purge_old_events, purge_old_runs
+from agentrun.store.retention import (
+    purge,
+    purge_expired_memory,
+    purge_old_events,
+    purge_old_runs,
+)
 from agentrun.store.run_state import (
     RunState,
     Snapshot,
@@ -294,6 +301,7 @@ __all__ = [
     "open_call",
     "outbox",
     "pending_approval",
+    "purge",
     "purge_expired_memory",
     "purge_old_events",
     "purge_old_runs",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import delete, func, select, tuple_
+from sqlalchemy import delete, func, inspect, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun.store.adk_tables import events as _events
@@ -46,6 +46,11 @@ async def purge_old_events(
     # ADK writes its timestamps as naive UTC: compare like with like (an aware cutoff
     # would be shifted by a Postgres session whose TimeZone is not UTC).
     cutoff = (datetime.now(UTC) - older_than).replace(tzinfo=None)
+    async with engine.connect() as conn:
+        # ADK makes its tables when the store API first makes a session: a store no run
+        # has used yet has no events to purge.
+        if not await conn.run_sync(lambda c: inspect(c).has_table(_events.name)):
+            return 0
     deleted = 0
     while True:
         async with engine.begin() as conn:
@@ -106,3 +111,21 @@ async def _purge_unnamed_inputs(engine: AsyncEngine, cutoff: datetime, batch: in
             # input_files go with them (ON DELETE CASCADE; SQLite: foreign keys on).
             await conn.execute(delete(inputs).where(inputs.c.digest.in_(digests)))
         deleted += len(digests)
+
+
+async def purge(engine: AsyncEngine, older_than: timedelta,
+                now: datetime | None = None) -> dict[str, int | Exception]:
+    """One retention pass: the records of runs settled longer ago than `older_than`, ADK
+    events older than it, and expired memory. Each step runs on its own (one failing, the
+    store briefly down say, does not skip the others). Returns, per step, how many rows it
+    deleted or the exception it ended with."""
+    steps = {"runs": lambda: purge_old_runs(engine, older_than),
+             "events": lambda: purge_old_events(engine, older_than),
+             "memories": lambda: purge_expired_memory(engine, now)}
+    done: dict[str, int | Exception] = {}
+    for name, step in steps.items():
+        try:
+            done[name] = await step()
+        except Exception as e:  # reported per step by the caller
+            done[name] = e
+    return done

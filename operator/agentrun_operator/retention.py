@@ -20,12 +20,16 @@ async def purge_daily(ctx: Context) -> None:
         return
     await asyncio.sleep(60)  # let the start-up work go first
     while True:
-        try:
-            events = await store.purge_old_events(ctx.engine, ctx.config.retention)
-            records = await store.purge_old_runs(ctx.engine, ctx.config.retention)
-            memories = await store.purge_expired_memory(ctx.engine)
-            log.info("event=retention-purge runs=%s events=%s memories=%s", records, events,
-                     memories)
-        except Exception as e:  # the store may be down: try again tomorrow
-            log.warning("event=retention-purge-failed error=%r", e)
+        await purge_once(ctx)
         await asyncio.sleep(DAY.total_seconds())
+
+
+async def purge_once(ctx: Context) -> None:
+    """One pass, logged: what each step deleted, and each step that failed (the store may
+    be down: that step is tried again tomorrow, the others are not held back by it)."""
+    done = await store.purge(ctx.engine, ctx.config.retention)
+    log.info("event=retention-purge %s", " ".join(
+        f"{step}={n}" for step, n in done.items() if not isinstance(n, Exception)))
+    for step, n in done.items():
+        if isinstance(n, Exception):
+            log.warning("event=retention-purge-failed step=%s error=%r", step, n)

@@ -154,3 +154,37 @@ def test_retention_deletes_old_records_with_their_rows_and_keeps_the_rest(
         assert await store.purge_old_runs(e, datetime.timedelta(days=90)) == 0
 
     query(store_url, go)
+
+
+def test_one_retention_pass_on_a_store_no_run_has_used_and_with_a_step_failing(
+    store_url: str,
+) -> None:
+    """store.purge: ADK's events table is made by the store API's first session, so a new
+    store has none; that is nothing to purge, not a failure. A step that fails (here the
+    memory table is gone) is reported and does not hold back the others."""
+    from sqlalchemy import inspect, text
+
+    old = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=100)
+
+    async def go(e: AsyncEngine) -> None:
+        async with e.connect() as conn:
+            assert not await conn.run_sync(lambda c: inspect(c).has_table("events"))
+        for uid in ("old-1", "old-2"):
+            await store.record_run(e, uid, "team-a", uid, "support-agent", "manual", "alice",
+                                   None)
+        async with e.begin() as conn:
+            await conn.execute(update(runs).where(runs.c.uid == "old-1").values(
+                status=RunStatus.SUCCEEDED, created_at=old, finished_at=old))
+        assert await store.purge(e, datetime.timedelta(days=90)) == {
+            "runs": 1, "events": 0, "memories": 0}
+
+        async with e.begin() as conn:
+            await conn.execute(update(runs).where(runs.c.uid == "old-2").values(
+                status=RunStatus.FAILED, created_at=old, finished_at=old))
+            await conn.execute(text("DROP TABLE memory"))
+        done = await store.purge(e, datetime.timedelta(days=90))
+        assert (done["runs"], done["events"]) == (1, 0)
+        assert isinstance(done["memories"], Exception)
+        assert (await store.run_records(e, "team-a")).records == []
+
+    query(store_url, go)
