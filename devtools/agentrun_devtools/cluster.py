@@ -98,6 +98,8 @@ class _Paths:
         self.operator_log = state / "operator.log"
         self.store_api_pid = state / "store-api.pid"
         self.store_api_log = state / "store-api.log"
+        self.receiver_pid = state / "receiver.pid"
+        self.receiver_log = state / "receiver.log"
         self.realnode = state / "realnode"
         self.store_api_tls = state / "store-api"
         self.receiver = state / "receiver"
@@ -221,10 +223,11 @@ def up(paths: _Paths, node_kind: str = "dev") -> int:
 
 
 def _stop_programs(paths: _Paths) -> None:
-    """The operator and the store API the demo started in the background (pids in
-    <state>/operator.pid and <state>/store-api.pid)."""
+    """The operator, the store API and the trigger receiver the demo started in the
+    background (pids in <state>/operator.pid, store-api.pid and receiver.pid)."""
     for what, pid_file, log in (("operator", paths.operator_pid, paths.operator_log),
-                                ("store API", paths.store_api_pid, paths.store_api_log)):
+                                ("store API", paths.store_api_pid, paths.store_api_log),
+                                ("receiver", paths.receiver_pid, paths.receiver_log)):
         try:
             pid = int(pid_file.read_text())
         except (OSError, ValueError):

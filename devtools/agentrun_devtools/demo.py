@@ -3,10 +3,11 @@
     python -m agentrun_devtools.demo [--state .local]
 
 Starts the development cluster if it is not up (control plane + development node, state in
---state), installs the CRDs and admission policies (`make install`), starts the operator and
-the store API in the background, each its own process (logs: <state>/operator.log and
-<state>/store-api.log, pids: <state>/operator.pid and <state>/store-api.pid; embedded SQLite
-store <state>/agentrun.db), then tells three stories in namespace `demo`:
+--state), installs the CRDs and admission policies (`make install`), starts the operator,
+the store API and the trigger receiver in the background, each its own process (logs:
+<state>/operator.log, store-api.log and receiver.log, pids: <state>/operator.pid,
+store-api.pid and receiver.pid; embedded SQLite store <state>/agentrun.db), then tells
+these stories in namespace `demo`:
 
 1. a support agent sends an email and its pod is evicted while the email tool has not
    answered yet: Failed, toolsExecuted [send_email]; a replay is refused and says why; a
@@ -24,7 +25,10 @@ store <state>/agentrun.db), then tells three stories in namespace `demo`:
    before its next model call;
 6. approval: a charge_card call waits for a human with no pod; a user without
    agentrun-approver is refused by the API server; an approver approves and the card is
-   charged once; a second payment is denied, and the agent is told.
+   charged once; a second payment is denied, and the agent is told;
+7. a trigger (samples/trigger/github-issues.yaml): one signed webhook delivered three
+   times makes one run (201, then 200 duplicate twice, each naming the run); a delivery
+   with a wrong signature is refused 401 and makes nothing.
 
 It leaves everything running and prints the commands to look around; `make
 dev-cluster-down` (cluster.py `down --state`) stops the operator and the cluster.
@@ -36,13 +40,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import json
 import os
 import shlex
 import signal
+import ssl
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -180,9 +189,10 @@ class Demo:
         self.wait_for_policy()
 
     def start_programs(self) -> None:
-        """The operator and the store API in the background, each its own process, as
-        `make run` runs them in the foreground (pids and logs: <state>/operator.pid and
-        .log, <state>/store-api.pid and .log; `cluster down` stops them)."""
+        """The operator, the store API and the trigger receiver in the background, each its
+        own process, as `make run` runs them in the foreground (pids and logs:
+        <state>/operator.pid and .log, store-api.pid and .log, receiver.pid and .log;
+        `cluster down` stops them)."""
         with contextlib.suppress(OSError, ValueError):
             pid = int(self.paths.operator_pid.read_text())
             if pids_alive([pid]):
@@ -202,20 +212,33 @@ class Demo:
             [str(VENV_BIN / "agentrun-store-api"), f"--listen={address}",
              f"--tls-cert-file={tls / 'tls.crt'}", f"--tls-private-key-file={tls / 'tls.key'}",
              *transcripts], env)
+        # The trigger receiver, with its own credential and serving pair (`cluster up`).
+        self.receiver_address = f"127.0.0.1:{free_port()}"
+        receiver_tls = self.paths.receiver
+        receiver = self.background(
+            self.paths.receiver_pid, self.paths.receiver_log,
+            [str(VENV_BIN / "agentrun-receiver"), f"--listen={self.receiver_address}",
+             f"--tls-cert-file={receiver_tls / 'tls.crt'}",
+             f"--tls-private-key-file={receiver_tls / 'tls.key'}"],
+            {**self.env, "KUBECONFIG": str(self.paths.receiver_kubeconfig)})
         # The demo's runs use the scripted model, which the operator honours only when
         # told to (the chart leaves it off).
         operator = self.background(
             self.paths.operator_pid, self.paths.operator_log,
             [str(VENV_BIN / "agentrun-operator"), "--allow-scripted-model",
-             f"--store-api-url=https://{address}", f"--store-api-ca-file={tls / 'ca.crt'}"],
+             f"--store-api-url=https://{address}", f"--store-api-ca-file={tls / 'ca.crt'}",
+             f"--receiver-url=https://{self.receiver_address}"],
             env)
         self.wait_logged(operator, self.paths.operator_log, "event=started")
+        self.wait_logged(receiver, self.paths.receiver_log, "event=started")
         # Ready once the operator has migrated the store.
         self.wait_logged(store_api, self.paths.store_api_log, "event=store-ready")
         say(f"operator started in the background (pid {operator.pid}, log "
             f"{self.paths.operator_log}, store {self.store_url})")
         say(f"store API started in the background (pid {store_api.pid}, log "
             f"{self.paths.store_api_log}, https://{address})")
+        say(f"trigger receiver started in the background (pid {receiver.pid}, log "
+            f"{self.paths.receiver_log}, https://{self.receiver_address})")
 
     def background(self, pid_file: Path, log: Path, argv: list[str],
                    env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -486,6 +509,62 @@ class Demo:
         self.kubectl("agentrun", "tools", "pay-48", "-n", NAMESPACE)
         say(f"Charges of pay-48: {len(self.charges('pay-48'))}")
 
+    def story_trigger(self) -> None:
+        heading("13. An event starts one run, however often it is delivered")
+        say("A GitHub-style webhook trigger (samples/trigger/github-issues.yaml): GitHub signs "
+            "each delivery with the hook's secret and names it (X-GitHub-Delivery).")
+        self.kubectl("create", "secret", "generic", "github-hook", "-n", NAMESPACE,
+                     "--from-literal=secret=change-me")
+        self.kubectl("apply", "-n", NAMESPACE, "-f",
+                     str(REPO / "samples" / "trigger" / "github-issues.yaml"))
+        trigger: dict[str, Any] = {}
+
+        def ready() -> bool:
+            nonlocal trigger
+            trigger = self.get("agentruntrigger", "github-issues")
+            return any(c["type"] == "Ready" and c["status"] == "True"
+                       for c in (trigger.get("status") or {}).get("conditions") or [])
+
+        self.wait("trigger github-issues Ready", ready)
+        self.kubectl("get", "agentruntrigger", "github-issues", "-n", NAMESPACE, "-o", "wide")
+        url = trigger["status"]["url"]
+        body = json.dumps({"action": "opened", "issue": {"number": 7}}).encode()
+        signed = {"Content-Type": "application/json", "X-GitHub-Delivery": "72d3162e",
+                  "X-Hub-Signature-256": "sha256=" + hmac.new(
+                      b"change-me", body, hashlib.sha256).hexdigest()}
+        say(f"The same delivery, sent three times to {url}:")
+        runs = set()
+        for _ in range(3):
+            status, answer = self.deliver(url, body, signed)
+            say(f"  {status} {json.dumps(answer)}")
+            runs.add(answer.get("run"))
+        forged = {**signed, "X-GitHub-Delivery": "8e1f0a55",
+                  "X-Hub-Signature-256": "sha256=" + "0" * 64}
+        say("A delivery signed with the wrong secret:")
+        status, answer = self.deliver(url, body, forged)
+        say(f"  {status} {json.dumps(answer)}")
+        (run,) = runs
+        self.wait_status("agentrun", run, (Phase.SUCCEEDED, Phase.FAILED))
+        self.kubectl("get", "agentruns", "-n", NAMESPACE, "-l",
+                     "agentrun.dev/trigger=github-issues")
+        self.wait("the trigger's counters", lambda: self.get(
+            "agentruntrigger", "github-issues").get("status", {}).get("duplicates") == 2)
+        self.kubectl("get", "agentruntrigger", "github-issues", "-n", NAMESPACE)
+        self.kubectl("get", "agentrun", run, "-n", NAMESPACE, "-o",
+                     "jsonpath={.status.result.text}")
+
+    def deliver(self, url: str, body: bytes,
+                headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        """POSTs one delivery as a sender would, over TLS checked against the receiver's
+        CA; returns its status and JSON answer, whatever the status."""
+        context = ssl.create_default_context(cafile=str(self.paths.receiver / "ca.crt"))
+        request = urllib.request.Request(url, data=body, method="POST", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30, context=context) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+
     def charges(self, run_name: str) -> list[Any]:
         return [r for r in self.query(lambda e: store.outbox(e, run_name))
                 if r.tool == "charge_card"]
@@ -504,7 +583,8 @@ class Demo:
             f"export KUBECONFIG={self.paths.kubeconfig}",
             f"export PATH={self.state / 'bin'}:{VENV_BIN}:$PATH",
             f"export DATABASE_URL={self.store_url}",
-            f"kubectl get agentruns,agentrunreplays,agentrunschedules -n {NAMESPACE} -o wide",
+            f"kubectl get agentruns,agentrunreplays,agentrunschedules,agentruntriggers -n "
+            f"{NAMESPACE} -o wide",
             f"kubectl describe agentrunreplay refund-42-again -n {NAMESPACE}",
             f"kubectl describe agentrun refund-42 -n {NAMESPACE}",
             f"kubectl agentrun tools refund-42 -n {NAMESPACE}",
@@ -513,7 +593,8 @@ class Demo:
             f"kubectl agentrun replay lookup-7 -n {NAMESPACE}     # a second replay: "
             "AlreadyReplayed",
             f"kubectl get events -n {NAMESPACE} --sort-by=.lastTimestamp",
-            f"tail -f {self.paths.operator_log} {self.paths.store_api_log}",
+            f"tail -f {self.paths.operator_log} {self.paths.store_api_log} "
+            f"{self.paths.receiver_log}",
             "make dev-cluster-down" if default else
             f"PYTHONPATH={REPO / 'devtools'} {sys.executable} -m agentrun_devtools.cluster "
             f"down --state {self.state}",
@@ -544,6 +625,7 @@ def main(argv: list[str] | None = None) -> int:
         demo.story_schedule()
         demo.story_outcome()
         demo.story_approval()
+        demo.story_trigger()
     except (RuntimeError, TimeoutError) as e:
         say(f"\ndemo failed: {e}")
         say(f"operator log: {demo.paths.operator_log}; store API log: "

@@ -25,7 +25,7 @@ def test_demo_tells_the_story_and_leaves_the_cluster_up(
     state = tmp_path / "state"
     local = REPO / ".local"
     before = sorted(p.name for p in local.iterdir()) if local.exists() else None
-    pid = 0
+    pid = receiver = 0
     try:
         done = devtools("agentrun_devtools.demo", "--state", str(state), timeout=600)
         out = done.stdout
@@ -86,12 +86,30 @@ def test_demo_tells_the_story_and_leaves_the_cluster_up(
         assert "The charge was denied, so customer 48 was not charged." in out
         assert "denied by its approver (never run)" in out
         assert "Charges of pay-48: 0" in out
+        # 13. one signed delivery sent three times: one run, each answer names it; a wrong
+        # signature is refused and makes nothing
+        created = re.search(r'  201 \{"result": "created", "message": "Started AgentRun '
+                            r'(github-issues-[0-9a-f]{10}) for this event.", "run": "\1"\}',
+                            out)
+        assert created, out[-6000:]
+        run = created.group(1)
+        assert out.count(f'  200 {{"result": "duplicate", "message": "This event already '
+                         f'started AgentRun {run}; no other run was started.", "run": '
+                         f'"{run}"}}') == 2
+        assert ('  401 {"result": "unauthorized", "message": "The X-Hub-Signature-256 '
+                'signature does not match the body') in out
+        assert re.search(rf"\n  {run} +support-agent +Succeeded", out), out[-6000:]
+        assert len(re.findall(r"\n  github-issues-[0-9a-f]{10} ", out)) == 1
+        assert re.search(r"\n  github-issues +True +(false +)?\d+ +2 ", out), out[-6000:]
+        assert "Triaged the new issue." in out
         # the way to look around, and the cluster still up
         assert f"export KUBECONFIG={state / 'kubeconfig'}" in out
         assert "kubectl agentrun why lookup-7-again -n demo" in out
         assert "kubectl describe agentrunreplay refund-42-again -n demo" in out
         pid = int((state / "operator.pid").read_text())
         assert pids_alive([pid]), "the demo's operator should keep running"
+        receiver = int((state / "receiver.pid").read_text())
+        assert pids_alive([receiver]), "the demo's receiver should keep running"
         status = devtools("agentrun_devtools.cluster", "status", "--state", str(state),
                           timeout=60)
         assert status.stdout.strip() == "running"
@@ -99,8 +117,10 @@ def test_demo_tells_the_story_and_leaves_the_cluster_up(
         down = devtools("agentrun_devtools.cluster", "down", "--state", str(state), timeout=180)
     assert down.returncode == 0, down.stdout + down.stderr
     if pid:
-        wait_for(lambda: not pids_alive([pid]), timeout=30, what="the demo's operator stopped")
+        wait_for(lambda: not pids_alive([p for p in (pid, receiver) if p]), timeout=30,
+                 what="the demo's operator and receiver stopped")
     assert not (state / "operator.pid").exists()
+    assert not (state / "receiver.pid").exists()
     assert not (state / "kubeconfig").exists()
     assert not (state / "agentrun.db").exists()
     after = sorted(p.name for p in local.iterdir()) if local.exists() else None
