@@ -75,7 +75,7 @@ kueue-build: ## build (or find cached) Kueue's controller manager and its manife
 # Kueue on the running development cluster, left running (docs/kueue.md); make
 # dev-cluster-down stops it.
 .PHONY: kueue
-kueue: venv ## install Kueue (pod integration, for pods labelled kueue.x-k8s.io/queue-name) on the development cluster
+kueue: venv ## install Kueue (pod and batch/job integrations, for objects labelled kueue.x-k8s.io/queue-name) on the development cluster
 	$(PY) -m agentrun_devtools.kueue up --state $(LOCAL)
 
 .PHONY: lint
@@ -242,7 +242,7 @@ comma := ,
 BENCH_OUT := $(if $(BENCH_QUICK),--out -)
 
 .PHONY: bench
-bench: venv controlplane ## benchmarks: ledger cost; a tenant's ledger writes while another floods the store API, and while one viewer opens 200 transcript follows; ledger writes during a retention purge of 100,000 records; trigger events accepted beside kubectl create; eviction latency idle and under load, throughput beside the Job controller; the operator at rest at scale; resume; status writes of live usage and approval latency; schedules; the transcript API's latency
+bench: venv controlplane kueue-build ## benchmarks: ledger cost; a tenant's ledger writes while another floods the store API, and while one viewer opens 200 transcript follows; ledger writes during a retention purge of 100,000 records; trigger events accepted beside kubectl create; eviction latency idle and under load, throughput beside the Job controller; runs through a Kueue queue beside Jobs; the operator at rest at scale; resume; status writes of live usage and approval latency; schedules; the transcript API's latency
 	$(PY) bench/ledger.py $(BENCH_OUT)
 	$(PY) bench/store_flood.py $(BENCH_OUT)
 	$(PY) bench/follow_flood.py $(if $(BENCH_QUICK),--seconds 50 --writes 300,) $(BENCH_OUT)
@@ -251,6 +251,7 @@ bench: venv controlplane ## benchmarks: ledger cost; a tenant's ledger writes wh
 	$(PY) bench/eviction.py --trials $(BENCH_TRIALS) $(BENCH_OUT)
 	$(PY) bench/eviction.py --trials $(BENCH_TRIALS) --background $(BENCH_BACKGROUND) $(BENCH_OUT)
 	$(PY) bench/throughput.py --n $(BENCH_N) $(BENCH_OUT)
+	$(PY) bench/queues.py --n $(if $(BENCH_QUICK),40,200) $(BENCH_OUT)
 	$(PY) bench/scale.py --levels $(BENCH_LEVELS) $(BENCH_OUT)
 	$(PY) bench/resume.py --trials $(if $(BENCH_QUICK),5,20) $(BENCH_OUT)
 	$(PY) bench/outcome.py --runs $(if $(BENCH_QUICK),3,10) --approvals $(if $(BENCH_QUICK),5,20) $(BENCH_OUT)

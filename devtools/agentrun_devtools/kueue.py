@@ -9,12 +9,14 @@ cached). What is installed is Kueue's, rendered here as its kustomization would 
 (namespace kueue-system, names prefixed kueue-), with these differences from a stock
 install (docs/kueue.md):
 
-- Only the webhooks of Kueue's own kinds and of its pod integration; the pod webhooks
-  carry an objectSelector: only pods labelled kueue.x-k8s.io/queue-name go through them,
-  so nothing else on the cluster depends on Kueue being up. The integrations of other
-  kinds (Jobs, Deployments, ...) are not enabled and their webhooks not installed.
-- Configuration: integrations.frameworks ["pod"], manageJobsWithoutQueueName false, no
-  leader election, no visibility server.
+- Only the webhooks of Kueue's own kinds and of its pod and batch/job integrations; the
+  pod and Job webhooks carry an objectSelector: only objects labelled
+  kueue.x-k8s.io/queue-name go through them, so nothing else on the cluster depends on
+  Kueue being up. The batch/job integration is there for bench/queues.py's anchor (Jobs
+  through the same ClusterQueue as runs). The integrations of other kinds (Deployments,
+  JobSets, ...) are not enabled and their webhooks not installed.
+- Configuration: integrations.frameworks ["pod", "batch/job"], manageJobsWithoutQueueName
+  false, no leader election, no visibility server.
 - Kueue runs on this host, not in a pod. The API server reaches its webhooks as it reaches
   the transcript API (agentrun_devtools.transcript_api): the Service kueue-webhook-service
   has no selector, an EndpointSlice names this host's address, and the API server (with
@@ -96,9 +98,14 @@ def _docs(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
-def _pod_webhook(webhook: dict[str, Any]) -> bool:
-    return any("pods" in (r.get("resources") or []) and "" in (r.get("apiGroups") or [])
-               for r in webhook.get("rules") or [])
+# The kinds of the integrations enabled here, as (API group, resource) in a webhook's rules.
+_INTEGRATED = (("", "pods"), ("batch", "jobs"))
+
+
+def _integration_webhook(webhook: dict[str, Any]) -> bool:
+    """A webhook of the pod or the batch/job integration."""
+    return any(resource in (r.get("resources") or []) and group in (r.get("apiGroups") or [])
+               for r in webhook.get("rules") or [] for group, resource in _INTEGRATED)
 
 
 def _kueues_own(webhook: dict[str, Any]) -> bool:
@@ -128,16 +135,16 @@ def manifests(config: Path, endpoint: Endpoint, ca_pem: str) -> list[dict[str, A
                                      "caBundle": bundle},
                     "conversionReviewVersions": ["v1"]}}
             out.append(crd)
-    # The webhooks of Kueue's own kinds and of its pod integration.
+    # The webhooks of Kueue's own kinds and of its pod and batch/job integrations.
     for configuration in _docs(config / "webhook" / "manifests.yaml"):
         kept = []
         for webhook in configuration.get("webhooks") or []:
-            if not (_kueues_own(webhook) or _pod_webhook(webhook)):
+            if not (_kueues_own(webhook) or _integration_webhook(webhook)):
                 continue
             path = webhook["clientConfig"]["service"]["path"]
             webhook["clientConfig"] = {"service": {**service_ref, "path": path},
                                        "caBundle": bundle}
-            if _pod_webhook(webhook):
+            if _integration_webhook(webhook):
                 webhook["namespaceSelector"] = {"matchExpressions": [{
                     "key": "kubernetes.io/metadata.name", "operator": "NotIn",
                     "values": list(EXCLUDED_NAMESPACES)}]}
@@ -163,7 +170,7 @@ def configuration(webhook: Endpoint, cert_dir: Path, health_port: int,
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
         "manageJobsWithoutQueueName": False,
-        "integrations": {"frameworks": ["pod"]},
+        "integrations": {"frameworks": ["pod", "batch/job"]},
         "clientConnection": {"qps": 50, "burst": 100},
     }
 

@@ -275,15 +275,21 @@ def test_a_run_waiting_for_an_approval_holds_no_quota(
 
 def test_kueue_runs_here_as_a_process_with_its_webhooks_limited_to_queued_pods(
         kueue: Kueue, crds: ControlPlane) -> None:
-    """The pod webhooks reach only pods labelled with a queue; Kueue's other integrations
-    (Jobs, Deployments, ...) have no webhook here, so nothing else waits on Kueue."""
-    hooks = json.loads(crds.kubectl("get", "mutatingwebhookconfiguration",
-                                    "kueue-mutating-webhook-configuration", "-o",
-                                    "json").stdout)["webhooks"]
-    pod_hooks = [h for h in hooks if "pods" in h["rules"][0]["resources"]]
-    assert [h["objectSelector"] for h in pod_hooks] == [{"matchExpressions": [{
-        "key": K.LABEL_QUEUE_NAME, "operator": "Exists"}]}]
-    assert not [h for h in hooks if h["rules"][0]["apiGroups"] not in ([""], [K.GROUP])]
+    """The pod and Job webhooks (the Job integration is the benchmark's anchor) reach only
+    objects labelled with a queue; Kueue's other integrations (Deployments, JobSets, ...)
+    have no webhook here, so nothing else waits on Kueue."""
+    queued = {"matchExpressions": [{"key": K.LABEL_QUEUE_NAME, "operator": "Exists"}]}
+    for kind, name, pod_hook, job_hook in (
+            ("mutatingwebhookconfiguration", "kueue-mutating-webhook-configuration",
+             "mpod.kb.io", "mjob.kb.io"),
+            ("validatingwebhookconfiguration", "kueue-validating-webhook-configuration",
+             "vpod.kb.io", "vjob.kb.io")):
+        hooks = json.loads(crds.kubectl("get", kind, name, "-o", "json").stdout)["webhooks"]
+        integrated = {h["name"]: h for h in hooks if h["rules"][0]["apiGroups"] != [K.GROUP]}
+        assert sorted(integrated) == sorted([pod_hook, job_hook]), sorted(integrated)
+        assert integrated[pod_hook]["rules"][0]["resources"] == ["pods"]
+        assert integrated[job_hook]["rules"][0]["apiGroups"] == ["batch"]
+        assert all(h["objectSelector"] == queued for h in integrated.values()), integrated
     assert kueue.child is not None and kueue.child.alive()
 
 
