@@ -533,16 +533,18 @@ class Demo:
                   "X-Hub-Signature-256": "sha256=" + hmac.new(
                       b"change-me", body, hashlib.sha256).hexdigest()}
         say(f"The same delivery, sent three times to {url}:")
-        runs = set()
+        runs: set[str] = set()
         for _ in range(3):
             status, answer = self.deliver(url, body, signed)
             say(f"  {status} {json.dumps(answer)}")
-            runs.add(answer.get("run"))
+            runs.add(str(answer.get("run")))
         forged = {**signed, "X-GitHub-Delivery": "8e1f0a55",
                   "X-Hub-Signature-256": "sha256=" + "0" * 64}
         say("A delivery signed with the wrong secret:")
         status, answer = self.deliver(url, body, forged)
         say(f"  {status} {json.dumps(answer)}")
+        if len(runs) != 1:
+            raise RuntimeError(f"three deliveries of one event named {sorted(runs)}, not one run")
         (run,) = runs
         self.wait_status("agentrun", run, (Phase.SUCCEEDED, Phase.FAILED))
         self.kubectl("get", "agentruns", "-n", NAMESPACE, "-l",
