@@ -92,13 +92,15 @@ def _conditions(obj: dict[str, Any]) -> dict[str, str]:
     return {c["type"]: c["status"] for c in (obj.get("status") or {}).get("conditions") or []}
 
 
-class Watcher:
-    """A watch of a list (raw JSON) in a thread, calling `seen(object)` for every event
-    with this process's clock (a deleted object's metadata says `deleted: true`); reopened
-    from the last resourceVersion if it ends."""
+Seen = Callable[[str, dict[str, Any], float], None]
 
-    def __init__(self, stream: Callable[..., Any], seen: Callable[[dict[str, Any], float],
-                                                                  None], **kwargs: Any) -> None:
+
+class Watcher:
+    """A watch of a list in a thread, calling `seen(event type, object as JSON, time)` for
+    every event with this process's clock; listed first, so that it is watching before the
+    constructor returns, and reopened from the last resourceVersion if it ends."""
+
+    def __init__(self, stream: Callable[..., Any], seen: Seen, **kwargs: Any) -> None:
         self.stream, self.seen, self.kwargs = stream, seen, kwargs
         self.stopping = threading.Event()
         self.ready = threading.Event()
@@ -106,8 +108,11 @@ class Watcher:
         self.thread.start()
         self.ready.wait(30)
 
-    def _events(self) -> Iterator[dict[str, Any]]:
-        version = self.stream(**self.kwargs)["metadata"]["resourceVersion"]
+    def _events(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        listed = self.stream(**self.kwargs)
+        if not isinstance(listed, dict):  # a typed list (Jobs)
+            listed = client.ApiClient().sanitize_for_serialization(listed)
+        version = listed["metadata"]["resourceVersion"]
         self.ready.set()
         while not self.stopping.is_set():
             w = watch.Watch()
@@ -115,18 +120,16 @@ class Watcher:
                                   allow_watch_bookmarks=True, **self.kwargs):
                 obj = event["raw_object"]
                 version = obj["metadata"]["resourceVersion"]
-                if event["type"] == "DELETED":
-                    obj["metadata"]["deleted"] = True
                 if event["type"] != "BOOKMARK":
-                    yield obj
+                    yield event["type"], obj
                 if self.stopping.is_set():
                     w.stop()
                     return
 
     def _run(self) -> None:
         try:
-            for obj in self._events():
-                self.seen(obj, time.monotonic())
+            for kind, obj in self._events():
+                self.seen(kind, obj, time.monotonic())
         except Exception:
             if not self.stopping.is_set():  # a watch cut by the control plane's stop is not
                 raise
@@ -147,7 +150,7 @@ class Half:
         self.finished: dict[str, tuple[float, bool]] = {}  # object -> (seen, well)
         self.lock = threading.Lock()
 
-    def workload(self, obj: dict[str, Any], at: float) -> None:
+    def workload(self, kind: str, obj: dict[str, Any], at: float) -> None:
         if obj["metadata"]["namespace"] != self.namespace:
             return
         owner = next((r["name"] for r in obj["metadata"].get("ownerReferences") or []), None)
@@ -156,8 +159,8 @@ class Half:
         conditions = _conditions(obj)
         key = obj["metadata"]["name"]
         with self.lock:
-            if (conditions.get("Admitted") == "True" and conditions.get("Finished") != "True"
-                    and not obj["metadata"].get("deleted")):
+            if (kind != "DELETED" and conditions.get("Admitted") == "True"
+                    and conditions.get("Finished") != "True"):
                 self.admitted.setdefault(owner, at)
                 self.running.add(key)
                 self.most_at_once = max(self.most_at_once, len(self.running))
@@ -165,7 +168,7 @@ class Half:
                 self.running.discard(key)
 
 
-def run_half(api: client.ApiClient, half: Half, n: int, make: Callable[[int], None],
+def run_half(half: Half, n: int, make: Callable[[int], None],
              owner_of: Callable[[int], str], timeout: float) -> float:
     """Creates the N objects; returns the seconds from the first create call to the N-th
     finished object."""
@@ -197,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slots", type=int, default=10)
     p.add_argument("--work", type=float, default=2.0, help="seconds each object works")
     p.add_argument("--out", help="results file (default ~/.cache/agentrun/bench/"
-                             "queue-<time>.txt; '-' for stdout only)")
+                             "queues-<time>.txt; '-' for stdout only)")
     args = p.parse_args(argv)
     out = results_file("queues", args.out)
     timeout = 600 + args.n * args.work * 4 / args.slots
@@ -220,34 +223,27 @@ def main(argv: list[str] | None = None) -> int:
         batch: Any = client.BatchV1Api(api)
         runs, jobs = Half(runs_ns), Half(jobs_ns)
 
-        def workloads(obj: dict[str, Any], at: float) -> None:
-            runs.workload(obj, at)
-            jobs.workload(obj, at)
+        def workloads(kind: str, obj: dict[str, Any], at: float) -> None:
+            runs.workload(kind, obj, at)
+            jobs.workload(kind, obj, at)
 
-        def run_seen(obj: dict[str, Any], at: float) -> None:
+        def run_seen(kind: str, obj: dict[str, Any], at: float) -> None:
             phase = (obj.get("status") or {}).get("phase")
             if phase in ("Succeeded", "Failed"):
                 runs.finished.setdefault(obj["metadata"]["name"], (at, phase == "Succeeded"))
 
-        def job_seen(obj: dict[str, Any], at: float) -> None:
+        def job_seen(kind: str, obj: dict[str, Any], at: float) -> None:
             conditions = _conditions(obj)
             if conditions.get("Complete") == "True" or conditions.get("Failed") == "True":
                 jobs.finished.setdefault(obj["metadata"]["name"],
                                          (at, conditions.get("Complete") == "True"))
 
-        def list_workloads(**kw: Any) -> Any:
-            return custom.list_cluster_custom_object(K.GROUP, "v1beta2", "workloads", **kw)
-
-        def list_runs(**kw: Any) -> Any:
-            return custom.list_namespaced_custom_object(GROUP, VERSION, runs_ns, RUN_PLURAL,
-                                                        **kw)
-
-        def list_jobs(**kw: Any) -> Any:
-            return api.sanitize_for_serialization(batch.list_namespaced_job(jobs_ns, **kw)) \
-                if not kw.get("watch") else batch.list_namespaced_job(jobs_ns, **kw)
-
-        watchers = [Watcher(list_workloads, workloads), Watcher(list_runs, run_seen),
-                    Watcher(list_jobs, job_seen)]
+        watchers = [
+            Watcher(custom.list_cluster_custom_object, workloads, group=K.GROUP,
+                    version="v1beta2", plural="workloads"),
+            Watcher(custom.list_namespaced_custom_object, run_seen, group=GROUP,
+                    version=VERSION, namespace=runs_ns, plural=RUN_PLURAL),
+            Watcher(batch.list_namespaced_job, job_seen, namespace=jobs_ns)]
 
         script = [{"sleep": args.work}, {"text": "done"}]
 
@@ -272,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                                         ).release_conn()
 
         # A runner pod is named <run>-<attempt>; a Job's Workload is owned by the Job.
-        run_seconds = run_half(api, runs, args.n, make_run, lambda i: f"run-{i}", timeout)
-        job_seconds = run_half(api, jobs, args.n, make_job, lambda i: f"job-{i}", timeout)
+        run_seconds = run_half(runs, args.n, make_run, lambda i: f"run-{i}", timeout)
+        job_seconds = run_half(jobs, args.n, make_job, lambda i: f"job-{i}", timeout)
         r = summary("agentrun", runs, args.n, run_seconds, lambda pod: pod.rsplit("-", 1)[0])
         j = summary("Jobs", jobs, args.n, job_seconds, lambda job: job)
         for label, s in (("agentrun", r), ("Jobs", j)):
