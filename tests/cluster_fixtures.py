@@ -19,7 +19,7 @@ from agentrun_devtools.processes import Child, free_port, pids_alive
 from agentrun_devtools.transcript_api import TranscriptEndpoint
 
 from agentrun import store
-from tests.harness import Operator, System
+from tests.harness import Operator, System, delete_namespace
 from tests.receiver.receiver import Receiver, grant_the_charts_rights
 
 CRDS = REPO / "crds"
@@ -79,7 +79,7 @@ def fresh_namespace(plane: ControlPlane, prefix: str) -> Iterator[str]:
     try:
         yield name
     finally:
-        plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+        delete_namespace(plane, name)
 
 
 @pytest.fixture

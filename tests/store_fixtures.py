@@ -15,6 +15,7 @@ import pytest
 from agentrun_devtools.controlplane import ControlPlane
 
 from agentrun import store
+from tests.harness import delete_namespace
 from tests.runner import runs
 from tests.runner_world import RunnerWorld
 
@@ -33,7 +34,7 @@ def runner_world(crds: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -
     finally:
         runs.use_world(None)
         world.stop()
-        crds.kubectl("delete", "namespace", world.namespace, "--wait=false", check=False)
+        delete_namespace(crds, world.namespace)
 
 
 @pytest.fixture

@@ -5,10 +5,12 @@ that ended, with its own CPU time) joined with what a sampler saw of each pid's 
     ... run the tests ...
     python -m agentrun_devtools.cpu_census report DIR  # accton off, the table
 
-Processes of the same executable are told apart by their command line (a runner, the store
-API, the operator, pytest are all `python3`); a process that ended before the sampler saw
-it is counted under its executable's name. Needs root (acct(2)) and Debian's `acct`
-package's `accton`; `.ci/run` prints the table when AGENTRUN_CPU_CENSUS=1.
+Python's processes are told apart by their command line (a runner, the store API, the
+operator, pytest are all `python3`); every other program goes by its executable's name, as
+does a process that ended before the sampler saw it. Only Python's: the control plane's
+command lines name their directories, which are pytest's (`/tmp/pytest-of-root/...`).
+Needs root (acct(2)) and Debian's `acct` package's `accton`; `.ci/run` prints the table
+when AGENTRUN_CPU_CENSUS=1.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ _PROGRAMS = (
     ("agentrun_devtools.devnode", "development node"),
     ("agentrun-receiver", "trigger receiver"), ("agentrun_receiver", "trigger receiver"),
     ("kubectl-agentrun", "kubectl plugin"), ("agentrun_kubectl", "kubectl plugin"),
-    ("pytest", "pytest"), ("crm_mcp", "MCP server (sample)"),
+    ("pytest", "pytest"), ("exec(eval(sys.stdin.readline()))", "pytest"),  # xdist's workers
+    ("crm_mcp", "MCP server (sample)"),
 )
 
 
@@ -62,6 +65,11 @@ def records(path: Path) -> list[tuple[int, str, float]]:
 
 
 def program_of(cmdline: str, comm: str) -> str:
+    """The program a process is: for Python's (its first argument names the interpreter,
+    also when a script's #! line started it), by what its command line runs; for any other,
+    its executable's name (`comm`)."""
+    if not Path(cmdline.split(" ", 1)[0]).name.startswith("python"):
+        return comm
     for needle, program in _PROGRAMS:
         if needle in cmdline:
             return program

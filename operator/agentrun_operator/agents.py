@@ -155,7 +155,7 @@ async def reconcile_agent(ctx: Context, namespace: str, name: str) -> float | No
     if {k: previous.get(k) for k in status} == status and set(previous) <= set(status):
         return again
     written = await ctx.kube.replace_status(AGENT_PLURAL, agent, status)
-    ctx.agents[(namespace, name)] = slim_agent(written)
+    ctx.keep(ctx.agents, written, slim_agent(written))
     ready = status["conditions"][0]
     was: Mapping[str, Any] = next((c for c in previous.get("conditions") or []
                                    if c.get("type") == Condition.READY), {})

@@ -141,7 +141,7 @@ async def _show(ctx: Context, approval: Mapping[str, Any], verdict: Verdict) -> 
         {"phase": verdict.phase, "reason": verdict.reason, "message": verdict.message,
          "decidedAt": st.stamp(now())}, meta.get("generation"), now())
     written = await ctx.kube.replace_status(APPROVAL_PLURAL, approval, status)
-    ctx.approvals[(meta["namespace"], meta["name"])] = written
+    ctx.keep(ctx.approvals, written)
     events.post(approval, verdict.reason, verdict.message,
                 warning=verdict.phase == ApprovalPhase.REJECTED)
 

@@ -30,6 +30,7 @@ from agentrun_operator.workqueue import WorkQueue
 log = logging.getLogger("agentrun.operator")
 
 RunKey = tuple[str, str, str]  # (kind: "run" | "replay" | ..., namespace, name)
+DELETED_KEPT_SECONDS = 600.0
 
 
 def now() -> datetime.datetime:
@@ -73,6 +74,10 @@ class Context:
     # When each live run's usage was last written to its status (the throttle of
     # run.USAGE_EVERY), by monotonic clock.
     usage_written: dict[Key, float] = field(default_factory=dict)
+    # The uids of objects the watch showed deleted (by monotonic clock): a write's answer
+    # that comes back after its object's DELETED event is not cached (keep()), or the
+    # object would be looked at, and written to (404), by every resync from then on.
+    deleted: dict[str, float] = field(default_factory=dict)
     _input_key: bytes | None = None
 
     async def input_key(self) -> bytes:
@@ -93,8 +98,27 @@ class Context:
     def remember(self, obj: Mapping[str, Any]) -> None:
         """A write's answer is newer than what the watch showed us so far."""
         if obj:
-            meta = obj["metadata"]
-            self.runs[(meta["namespace"], meta["name"])] = slim_run(obj)
+            self.keep(self.runs, obj, slim_run(obj))
+
+    def keep(self, cache: dict[Key, dict[str, Any]], written: Mapping[str, Any],
+             copy: dict[str, Any] | None = None) -> None:
+        """Caches our write's answer (`copy`: what to cache of it, else all of it), unless
+        the watch has shown that object deleted meanwhile."""
+        meta = written.get("metadata") or {}
+        if meta.get("uid") in self.deleted:
+            return
+        cache[(meta.get("namespace") or "", meta["name"])] = (
+            copy if copy is not None else dict(written))
+
+    def forget_deleted(self, uid: str) -> None:
+        """The watch showed object `uid` deleted (kept ten minutes: a write's answer comes
+        back within a request's timeout)."""
+        moment = time.monotonic()
+        self.deleted[uid] = moment
+        if len(self.deleted) > 1024:
+            for old, when in list(self.deleted.items()):
+                if moment - when > DELETED_KEPT_SECONDS:
+                    del self.deleted[old]
 
     async def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         if self.pods is not None and self.pods.synced.is_set():

@@ -308,6 +308,8 @@ def _observe(ctx: Context, cache: dict[tuple[str, str], dict[str, Any]], kind: s
     key = (body.metadata.namespace or "", body.metadata.name or "")
     if type == "DELETED":
         cache.pop(key, None)
+        if body.metadata.uid:
+            ctx.forget_deleted(body.metadata.uid)
         return
     seen = copy(body)
     if _newer(cache.get(key), seen):

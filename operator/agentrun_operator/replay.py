@@ -363,7 +363,7 @@ async def _write_status(
     if meta.get("resourceVersion"):
         # Only if the replay is still as we read it: a stale decision loses.
         written = await ctx.kube.replace_status(REPLAY_PLURAL, replay, {**previous, **patch})
-        ctx.replays[(meta["namespace"], meta["name"])] = written
+        ctx.keep(ctx.replays, written)
     else:
         await ctx.kube.patch_replay_status(meta["namespace"], meta["name"], patch)
 

@@ -162,8 +162,7 @@ async def reconcile_schedule(ctx: Context, namespace: str, name: str) -> float |
     status = schedule_status(facts, [run_facts(name, r) for r in runs], decision, moment,
                              previous)
     if status != previous:
-        ctx.schedules[(namespace, name)] = await ctx.kube.replace_status(
-            SCHEDULE_PLURAL, schedule, status)
+        ctx.keep(ctx.schedules, await ctx.kube.replace_status(SCHEDULE_PLURAL, schedule, status))
         _told(schedule, decision, previous)
     # What follows a cancel or a delete comes with the runs' own events.
     again = decision.look_again

@@ -54,7 +54,7 @@ async def reconcile_trigger(ctx: Context, namespace: str, name: str) -> float | 
     status = trigger_status(facts, decision, now(), previous)
     if status != previous:
         written = await ctx.kube.replace_status(TRIGGER_PLURAL, trigger, status)
-        ctx.triggers[(namespace, name)] = written
+        ctx.keep(ctx.triggers, written)
         _told(written, previous, status)
     return decision.recheck
 

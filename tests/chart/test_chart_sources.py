@@ -17,6 +17,7 @@ from agentrun_devtools import chart_sources
 from agentrun_devtools.controlplane import REPO, ControlPlane
 
 from tests.chart.helm import ARGS, CHART, NAMESPACE, helm
+from tests.harness import delete_namespace
 
 # -- generated files -------------------------------------------------------------------------
 
@@ -61,7 +62,7 @@ def test_the_argocd_patch_applies_to_an_argocd_cm(control_plane: ControlPlane) -
         expected = yaml.safe_load(chart_sources.ARGOCD_PATCH.read_text())["data"]
         assert found == {"url": "https://argocd.example.com", **expected}
     finally:
-        control_plane.kubectl("delete", "namespace", namespace, "--wait=false")
+        delete_namespace(control_plane, namespace)
 
 
 # -- values.schema.json ----------------------------------------------------------------------

@@ -18,6 +18,7 @@ import pytest
 
 from agentrun.vocabulary import ANNOTATION_FORCE_REPLAY, FORCER_CLUSTER_ROLE
 from tests.crds.kube import Kubectl, apply, get, refused, replay_manifest, run_manifest, stored
+from tests.harness import delete_namespace
 
 pytestmark = pytest.mark.cluster
 
@@ -209,7 +210,7 @@ def other_namespace(crds: Kubectl, people: str) -> Iterator[str]:
     try:
         yield name
     finally:
-        crds.kubectl("delete", "namespace", name, "--wait=false", check=False)
+        delete_namespace(crds, name)
 
 
 def test_force_is_granted_per_namespace(crds: Kubectl, other_namespace: str) -> None:

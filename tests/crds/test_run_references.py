@@ -28,6 +28,7 @@ from tests.crds.kube import (
     schedule_manifest,
     stored,
 )
+from tests.harness import delete_namespace
 
 pytestmark = pytest.mark.cluster
 
@@ -263,7 +264,7 @@ def elsewhere(enforced: Kubectl, team: str) -> Iterator[str]:
     try:
         yield name
     finally:
-        enforced.kubectl("delete", "namespace", name, "--wait=false", check=False)
+        delete_namespace(enforced, name)
 
 
 def test_a_right_to_read_a_secret_holds_in_its_namespace_only(

@@ -28,7 +28,7 @@ from agentrun.vocabulary import (
     ReplayReason,
 )
 from tests import kstatus
-from tests.harness import System, agent_run, as_operator, in_namespace
+from tests.harness import System, agent_run, as_operator, delete_namespace, in_namespace
 from tests.mcp_server import CrmServer, crm_server
 
 AGENTS = f"agents.{GROUP}"
@@ -243,7 +243,7 @@ def test_a_run_uses_only_its_own_namespaces_agents(
         assert status["toolsExecuted"] == [] and "agentDigest" not in status
         assert crm.calls() == []
     finally:
-        system.kubectl("delete", "namespace", other, "--wait=false", check=False)
+        delete_namespace(system.plane, other)
 
 
 def test_an_agent_may_name_only_secrets_its_creator_may_get(

@@ -31,7 +31,7 @@ from agentrun.vocabulary import (
     ReplayReason,
 )
 from tests.approvals import CHARGE, REQUIRED, SCRIPT, approval, create_as, waiting
-from tests.harness import Operator, System, agent_run, in_namespace
+from tests.harness import Operator, System, agent_run, delete_namespace, in_namespace
 
 APPROVALS = f"agentrunapprovals.{GROUP}"
 SCHEDULES = f"agentrunschedules.{GROUP}"
@@ -156,7 +156,7 @@ def test_admission_keeps_approvals_to_approvers_deciding_as_themselves(
         foreign = create_as(system, "olga", approval(ns, "by-olga", "guarded", pending, "olga"))
         assert foreign.returncode != 0 and "forbidden" in foreign.stderr.lower()
     finally:
-        system.kubectl("delete", "namespace", f"{ns}-other", "--wait=false", check=False)
+        delete_namespace(system.plane, f"{ns}-other")
     assert system.run(ns, "guarded")["status"]["phase"] == Phase.WAITING
     assert charges(system, "guarded") == []
 

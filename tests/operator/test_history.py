@@ -27,7 +27,7 @@ from sqlalchemy import update
 from agentrun import store
 from agentrun.store.schema import runs
 from agentrun.vocabulary import GROUP, Phase, RunStatus
-from tests.harness import HAPPY, System, agent_run, in_namespace
+from tests.harness import HAPPY, System, agent_run, delete_namespace, in_namespace
 
 RECORDS = "runs.store.agentrun.dev"
 TRANSCRIPTS = "transcripts.store.agentrun.dev"
@@ -53,7 +53,7 @@ def archive(system: System, namespace: str, control_plane: ControlPlane,
                            "--clusterrole=agentrun-view", f"--user={user}")
         yield system, namespace, other
     finally:
-        control_plane.kubectl("delete", "namespace", other, "--wait=false", check=False)
+        delete_namespace(control_plane, other)
 
 
 def _as(system: System, kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -152,10 +152,24 @@ def runner_env(run: Run, script: list[dict[str, Any]] | None, attempt: int = 1,
     return env
 
 
-def launch(env: dict[str, str], args: list[str] | None = None) -> subprocess.CompletedProcess[str]:
-    """The real runner program, as a subprocess (`python -m agentrun_runner`)."""
+# The runner program with its store client's not-ready window set (store_client's
+# NOT_READY_SECONDS, 60 s): what the runner does once the window is over is the same
+# however long it was, and a test that waits it out need not spend a minute on it.
+_WITH_NOT_READY_WINDOW = (
+    "import runpy, sys; from agentrun_runner import store_client; "
+    "store_client.NOT_READY_SECONDS = float(sys.argv.pop(1)); "
+    "runpy.run_module('agentrun_runner', run_name='__main__', alter_sys=True)")
+
+
+def launch(env: dict[str, str], args: list[str] | None = None, *,
+           not_ready_seconds: float | None = None) -> subprocess.CompletedProcess[str]:
+    """The real runner program, as a subprocess (`python -m agentrun_runner`);
+    `not_ready_seconds`: how long its store client waits for a store API that says its
+    store is not ready (_WITH_NOT_READY_WINDOW)."""
+    program = ["-m", "agentrun_runner"] if not_ready_seconds is None else [
+        "-c", _WITH_NOT_READY_WINDOW, str(not_ready_seconds)]
     return subprocess.run(
-        [sys.executable, "-m", "agentrun_runner", *(args or [])],
+        [sys.executable, *program, *(args or [])],
         env=env, capture_output=True, text=True, timeout=RUNNER_TIMEOUT,
     )
 

@@ -276,9 +276,12 @@ def test_refuses_a_store_that_was_never_migrated(
               identities={1: me})
     env = runner_env(run, [{"text": "hi"}])
     assert env[RunnerEnv.STORE_URL] == api.url
-    done = launch(env)
+    # The store API asks it to come back (503, Retry-After); the runner does, for a window
+    # (60 s in the image; 3 s here), then refuses the run saying what the store API said.
+    done = launch(env, not_ready_seconds=3)
     assert done.returncode == RunnerExit.STORE_UNAVAILABLE, explain(done)
     assert "no agentrun tables" in done.stderr
+    assert "store.not_ready" in done.stderr  # it did wait, and asked again
 
     async def tables(engine: AsyncEngine) -> set[str]:
         async with engine.connect() as conn:
