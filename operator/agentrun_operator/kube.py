@@ -149,6 +149,12 @@ class Kube:
             label_selector=label_selector, _preload_content=False)
         return list(_json(response).get("items") or [])
 
+    async def terminating_namespaces(self) -> list[str]:
+        """The namespaces being deleted."""
+        response = await asyncio.to_thread(self.core.list_namespace, _preload_content=False)
+        return [n["metadata"]["name"] for n in _json(response).get("items") or []
+                if n["metadata"].get("deletionTimestamp")]
+
     async def list_agents(self, namespace: str) -> list[dict[str, Any]]:
         """The Agents of a namespace, as they are now (none where the kind is not served:
         an install from before Agents)."""

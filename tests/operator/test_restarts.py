@@ -151,3 +151,26 @@ def test_stale_run(solo: SoloFactory, solo_namespace: str) -> None:
         "no completion was recorded within 4s; its actual outcome is unknown")
     wait_for(lambda: pods_of(system, solo_namespace, "forever") == [], timeout=60,
              what="stale pod stopped")
+
+
+def test_a_namespace_deleted_while_the_operator_is_down_goes_once_it_is_back(
+        solo: SoloFactory, solo_namespace: str) -> None:
+    # An operator given namespaces (kopf watches each on its own) that starts while one
+    # of them is being deleted: kopf does not watch that namespace, yet our finalizer on
+    # its runs must still come off, or the namespace stays Terminating for ever.
+    system = solo()
+    system.apply(in_namespace(agent_run("leftover", HAPPY), solo_namespace))
+    run = system.wait_run(solo_namespace, "leftover",
+                          lambda r: r["status"].get("toolsExecuted") is not None)
+    assert run["status"]["phase"] == Phase.SUCCEEDED, run["status"]
+    system.operator.stop()
+    system.kubectl("delete", "namespace", solo_namespace, "--wait=false")
+
+    def held() -> bool:
+        found = system.get("agentrun", solo_namespace, "leftover")
+        return found is not None and bool(found["metadata"].get("deletionTimestamp"))
+
+    wait_for(held, timeout=30, what="the run marked deleted, held by our finalizer")
+    system.operator.start()
+    wait_for(lambda: system.get("namespace", "", solo_namespace) is None, timeout=90,
+             what=f"namespace {solo_namespace} gone")
