@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from agentrun_devtools.controlplane import REPO, ControlPlane
 from agentrun_devtools.processes import Child, ProcessDied, free_port, wait_for
@@ -204,12 +204,16 @@ class System:
         wait_for(called, timeout=timeout, what=f"ledger row for {tool}", interval=0.1)
 
 
+class HasKubeconfig(Protocol):
+    kubeconfig: Path
+
+
 @functools.cache
 def _custom_objects(kubeconfig: Path) -> CustomObjectsApi:
     return CustomObjectsApi(kube_config.new_client_from_config(config_file=str(kubeconfig)))
 
 
-def delete_namespace(plane: ControlPlane, name: str) -> None:
+def delete_namespace(plane: HasKubeconfig, name: str) -> None:
     """Deletes a test's namespace without waiting, and sees that it goes: its AgentRuns
     are deleted and our finalizer taken off them first. An operator that is no longer
     running (a test's own, stopped) holds its runs' finalizers, as it must; a namespace
@@ -217,22 +221,23 @@ def delete_namespace(plane: ControlPlane, name: str) -> None:
     in it (and the aggregated API's) every 15 s until the session ends: with a few dozen
     such namespaces, that was the API server's busiest client."""
     api = _custom_objects(plane.kubeconfig)
-    try:
-        api.delete_collection_namespaced_custom_object(GROUP, VERSION, name, "agentruns")
-        runs = api.list_namespaced_custom_object(GROUP, VERSION, name, "agentruns")["items"]
-        for run in runs:
-            if run["metadata"].get("finalizers"):
-                api.patch_namespaced_custom_object(
-                    GROUP, VERSION, name, "agentruns", run["metadata"]["name"],
-                    {"metadata": {"finalizers": None}})
-    except ApiException as e:
-        if e.status != 404:  # no AgentRun kind here (a plane without the CRDs), or gone
-            raise
-    try:
-        CoreV1Api(api.api_client).delete_namespace(name, _request_timeout=30)
-    except ApiException as e:
-        if e.status != 404:
-            raise
+
+    def unless_gone(call: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return call(*args, _request_timeout=30)
+        except ApiException as e:
+            if e.status != 404:  # 404: gone, or no AgentRun kind (a plane without the CRDs)
+                raise
+            return None
+
+    unless_gone(api.delete_collection_namespaced_custom_object, GROUP, VERSION, name,
+                "agentruns")
+    listed = unless_gone(api.list_namespaced_custom_object, GROUP, VERSION, name, "agentruns")
+    for run in (listed or {}).get("items") or []:
+        if run["metadata"].get("finalizers"):
+            unless_gone(api.patch_namespaced_custom_object, GROUP, VERSION, name, "agentruns",
+                        run["metadata"]["name"], {"metadata": {"finalizers": None}})
+    unless_gone(CoreV1Api(api.api_client).delete_namespace, name)
 
 
 def watch_object(plane: ControlPlane, plural: str, namespace: str, name: str, *,

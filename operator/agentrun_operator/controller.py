@@ -110,15 +110,15 @@ class Context:
         cache[(meta.get("namespace") or "", meta["name"])] = (
             copy if copy is not None else dict(written))
 
-    def forget_deleted(self, uid: str) -> None:
-        """The watch showed object `uid` deleted (kept ten minutes: a write's answer comes
-        back within a request's timeout)."""
+    def note_deleted(self, uid: str) -> None:
+        """Object `uid` is deleted (kept ten minutes: a write's answer comes back within a
+        request's timeout). Noted in time order, so the oldest go first."""
         moment = time.monotonic()
         self.deleted[uid] = moment
-        if len(self.deleted) > 1024:
-            for old, when in list(self.deleted.items()):
-                if moment - when > DELETED_KEPT_SECONDS:
-                    del self.deleted[old]
+        for old, when in list(self.deleted.items()):
+            if moment - when <= DELETED_KEPT_SECONDS:
+                break
+            del self.deleted[old]
 
     async def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         if self.pods is not None and self.pods.synced.is_set():

@@ -39,7 +39,7 @@ from agentrun.vocabulary import (
     Reason,
     ReplayPhase,
 )
-from agentrun_operator import events, metrics, retention, startup_checks, usage
+from agentrun_operator import events, metrics, namespaces, retention, startup_checks, usage
 from agentrun_operator.agents import reconcile_agent, slim_agent
 from agentrun_operator.approval import reconcile_approval
 from agentrun_operator.config import OperatorConfig
@@ -48,7 +48,7 @@ from agentrun_operator.informer import Informer, Informers, key_of
 from agentrun_operator.kube import Kube
 from agentrun_operator.leader import LeaderElection
 from agentrun_operator.queue import gated
-from agentrun_operator.reconcile import FINALIZER, reconcile_run
+from agentrun_operator.reconcile import reconcile_run
 from agentrun_operator.replay import reconcile_replay
 from agentrun_operator.schedule_reconcile import index_run, list_schedule_runs, reconcile_schedule
 from agentrun_operator.status import node_ready
@@ -210,7 +210,7 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
                             for _ in range(config.workers)]
             memo.workers.append(asyncio.create_task(retention.purge_daily(ctx)))
             if config.namespaces:
-                memo.workers.append(asyncio.create_task(_terminating_forever(ctx, watched)))
+                memo.workers.append(asyncio.create_task(namespaces.follow(ctx, watched)))
             memo.workers.append(asyncio.create_task(usage.watch(ctx)))
             resync_all(ctx)
             # Agents once when leading starts, not on every resync: their watch events and
@@ -311,7 +311,7 @@ def _observe(ctx: Context, cache: dict[tuple[str, str], dict[str, Any]], kind: s
     if type == "DELETED":
         cache.pop(key, None)
         if body.metadata.uid:
-            ctx.forget_deleted(body.metadata.uid)
+            ctx.note_deleted(body.metadata.uid)
         return
     seen = copy(body)
     if _newer(cache.get(key), seen):
@@ -337,49 +337,6 @@ def resync_all(ctx: Context) -> None:
         ctx.queue.add(("schedule", namespace, name))
     for namespace, name in list(ctx.triggers):
         ctx.queue.add(("trigger", namespace, name))
-
-
-# How often, given namespaces to watch, the runs of namespaces being deleted are listed
-# (the namespace controller looks at such a namespace every 15 s too).
-TERMINATING_EVERY_SECONDS = 15.0
-
-
-async def look_at_terminating(ctx: Context, watched: Callable[[str], bool],
-                              swept: set[str]) -> None:
-    """The runs we hold in namespaces being deleted, looked at as the watch would show them.
-
-    Given namespaces to watch, kopf stops watching a namespace once its deletion has begun
-    (and does not start when the operator starts after that): the runs' deletions would
-    never reach us, our finalizer would stay on them, and the namespace Terminating for
-    ever. `swept`: the namespaces this found before; the runs of one now gone leave the
-    cache (no watch tells us)."""
-    terminating = {ns for ns in await ctx.kube.terminating_namespaces() if watched(ns)}
-    for namespace in swept - terminating:
-        for key in [k for k in ctx.runs if k[0] == namespace]:
-            ctx.runs.pop(key, None)
-    swept.clear()
-    for namespace in terminating:
-        swept.add(namespace)
-        listed = await ctx.kube.list_runs(namespace, "")
-        names = {r["metadata"]["name"] for r in listed}
-        for key in [k for k in ctx.runs if k[0] == namespace and k[1] not in names]:
-            ctx.runs.pop(key, None)  # released and gone
-        for run in listed:
-            meta = run["metadata"]
-            if meta.get("deletionTimestamp") and FINALIZER in (meta.get("finalizers") or []):
-                if _newer(ctx.runs.get((namespace, meta["name"])), run):
-                    ctx.runs[(namespace, meta["name"])] = slim_run(run)
-                ctx.queue.add(("run", namespace, meta["name"]))
-
-
-async def _terminating_forever(ctx: Context, watched: Callable[[str], bool]) -> None:
-    swept: set[str] = set()
-    while True:
-        try:
-            await look_at_terminating(ctx, watched, swept)
-        except Exception as e:  # the API server away: the next round
-            log.warning("event=terminating-namespaces-not-listed error=%r", e)
-        await asyncio.sleep(TERMINATING_EVERY_SECONDS)
 
 
 async def _resync_forever(ctx: Context) -> None:

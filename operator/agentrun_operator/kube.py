@@ -149,11 +149,23 @@ class Kube:
             label_selector=label_selector, _preload_content=False)
         return list(_json(response).get("items") or [])
 
-    async def terminating_namespaces(self) -> list[str]:
-        """The namespaces being deleted."""
+    async def namespaces(self) -> tuple[set[str], set[str], int]:
+        """The namespaces, those of them being deleted, and the list's resourceVersion."""
         response = await asyncio.to_thread(self.core.list_namespace, _preload_content=False)
-        return [n["metadata"]["name"] for n in _json(response).get("items") or []
-                if n["metadata"].get("deletionTimestamp")]
+        listed = _json(response)
+        items = listed.get("items") or []
+        return ({n["metadata"]["name"] for n in items},
+                {n["metadata"]["name"] for n in items if n["metadata"].get("deletionTimestamp")},
+                int((listed.get("metadata") or {}).get("resourceVersion") or 0))
+
+    async def list_runs_versioned(self, namespace: str) -> tuple[list[dict[str, Any]], int]:
+        """The runs of `namespace`, and the list's resourceVersion."""
+        response = await asyncio.to_thread(
+            self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, RUN_PLURAL,
+            _preload_content=False)
+        listed = _json(response)
+        return (list(listed.get("items") or []),
+                int((listed.get("metadata") or {}).get("resourceVersion") or 0))
 
     async def list_agents(self, namespace: str) -> list[dict[str, Any]]:
         """The Agents of a namespace, as they are now (none where the kind is not served:

@@ -4,11 +4,13 @@ resync looks at it again and writes to it (404) for as long as the operator live
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, cast
 
 import kopf
+from agentrun_operator import namespaces
 from agentrun_operator.handlers import _observe, _whole
-from agentrun_operator.reconcile import Context
+from agentrun_operator.reconcile import FINALIZER, Context
 
 
 def _context() -> Context:
@@ -43,3 +45,49 @@ def test_a_new_object_of_the_same_name_is_cached() -> None:
                         "resourceVersion": "10"}, "spec": {}, "status": {}}
     ctx.remember(run)  # a run this operator created, before the watch shows it
     assert ("t1", "nightly-1") in ctx.runs
+
+
+class _Namespaces:
+    """What namespaces.look() asks of the API server, as a table."""
+
+    def __init__(self, existing: set[str], terminating: set[str], version: int,
+                 runs: dict[str, tuple[list[dict[str, Any]], int]]) -> None:
+        self.existing, self.terminating, self.version, self.runs = (
+            existing, terminating, version, runs)
+
+    async def namespaces(self) -> tuple[set[str], set[str], int]:
+        return self.existing, self.terminating, self.version
+
+    async def list_runs_versioned(self, namespace: str) -> tuple[list[dict[str, Any]], int]:
+        return self.runs[namespace]
+
+
+def _run(namespace: str, name: str, version: int, *, deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"namespace": namespace, "name": name, "uid": f"uid-{name}",
+                            "resourceVersion": str(version)}
+    if deleting:
+        meta |= {"deletionTimestamp": "2026-12-06T00:00:00Z", "finalizers": [FINALIZER]}
+    return {"metadata": meta, "spec": {}, "status": {"phase": "Succeeded"}}
+
+
+def test_the_runs_of_namespaces_kopf_no_longer_watches() -> None:
+    ctx = _context()
+    for run in (_run("gone", "a", 5), _run("made-again", "b", 20), _run("live", "c", 3),
+                _run("ending", "released", 7)):
+        ctx.runs[(run["metadata"]["namespace"], run["metadata"]["name"])] = run
+    ctx.kube = cast(Any, _Namespaces(
+        existing={"live", "ending"}, terminating={"ending"}, version=10,
+        runs={"ending": ([_run("ending", "held", 8, deleting=True)], 12)}))
+    asyncio.run(namespaces.look(ctx, lambda ns: ns != "elsewhere"))
+    # Gone with its namespace (listed before it changed last): out of the cache, and its
+    # write's answer does not bring it back.
+    assert ("gone", "a") not in ctx.runs
+    ctx.remember(_run("gone", "a", 6))
+    assert ("gone", "a") not in ctx.runs
+    # Newer than the namespaces' list (a namespace made again since): kept.
+    assert ("made-again", "b") in ctx.runs and ("live", "c") in ctx.runs
+    # Of the namespace being deleted: the run we hold, cached and queued; one no longer
+    # listed there, out.
+    assert ctx.runs[("ending", "held")]["metadata"]["deletionTimestamp"]
+    assert ("run", "ending", "held") in ctx.queue._queued
+    assert ("ending", "released") not in ctx.runs

@@ -170,7 +170,12 @@ def test_a_namespace_deleted_while_the_operator_is_down_goes_once_it_is_back(
         found = system.get("agentrun", solo_namespace, "leftover")
         return found is not None and bool(found["metadata"].get("deletionTimestamp"))
 
+    def blocked() -> bool:  # kopf, when it sees this, stops watching the namespace
+        found = system.get("namespace", "", solo_namespace) or {}
+        return any(c["status"] == "True" for c in found["status"]["conditions"])
+
     wait_for(held, timeout=30, what="the run marked deleted, held by our finalizer")
+    wait_for(blocked, timeout=30, what="the namespace's deletion waiting on our finalizer")
     system.operator.start()
     wait_for(lambda: system.get("namespace", "", solo_namespace) is None, timeout=90,
              what=f"namespace {solo_namespace} gone")
