@@ -115,10 +115,8 @@ class Context:
         request's timeout). Noted in time order, so the oldest go first."""
         moment = time.monotonic()
         self.deleted[uid] = moment
-        for old, when in list(self.deleted.items()):
-            if moment - when <= DELETED_KEPT_SECONDS:
-                break
-            del self.deleted[old]
+        while moment - next(iter(self.deleted.values())) > DELETED_KEPT_SECONDS:
+            del self.deleted[next(iter(self.deleted))]
 
     async def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         if self.pods is not None and self.pods.synced.is_set():
@@ -141,6 +139,16 @@ class Context:
             return []
         return [p for (ns, _), p in self.pods.objects.items() if ns == namespace and
                 (p["metadata"].get("labels") or {}).get(LABEL_RUN) == run]
+
+
+def newer(cached: Mapping[str, Any] | None, seen: Mapping[str, Any]) -> bool:
+    """Whether `seen` is not older than what we hold (our own write's answer may be ahead
+    of the watch). resourceVersions are opaque; compare them only when both are numbers."""
+    if cached is None:
+        return True
+    a = str(cached["metadata"].get("resourceVersion") or "")
+    b = str(seen["metadata"].get("resourceVersion") or "")
+    return not (a.isdigit() and b.isdigit() and int(b) < int(a))
 
 
 # -- slim copies for the caches ------------------------------------------------------------

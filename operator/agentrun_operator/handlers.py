@@ -43,7 +43,7 @@ from agentrun_operator import events, metrics, namespaces, retention, startup_ch
 from agentrun_operator.agents import reconcile_agent, slim_agent
 from agentrun_operator.approval import reconcile_approval
 from agentrun_operator.config import OperatorConfig
-from agentrun_operator.controller import Context, slim_node, slim_pod, slim_run, work
+from agentrun_operator.controller import Context, newer, slim_node, slim_pod, slim_run, work
 from agentrun_operator.informer import Informer, Informers, key_of
 from agentrun_operator.kube import Kube
 from agentrun_operator.leader import LeaderElection
@@ -59,16 +59,6 @@ log = logging.getLogger("agentrun.operator")
 # Threads for the (synchronous) Kubernetes client: reconciles, informers and the store
 # API's TokenReviews share them; asyncio's default of a few would queue them up.
 API_THREADS = 32
-
-
-def _newer(cached: Mapping[str, Any] | None, seen: Mapping[str, Any]) -> bool:
-    """Whether `seen` is not older than what we hold (our own write's answer may be ahead
-    of the watch). resourceVersions are opaque; compare them only when both are numbers."""
-    if cached is None:
-        return True
-    a = str(cached["metadata"].get("resourceVersion") or "")
-    b = str(seen["metadata"].get("resourceVersion") or "")
-    return not (a.isdigit() and b.isdigit() and int(b) < int(a))
 
 
 def _needs_look(run: Mapping[str, Any]) -> bool:
@@ -314,7 +304,7 @@ def _observe(ctx: Context, cache: dict[tuple[str, str], dict[str, Any]], kind: s
             ctx.note_deleted(body.metadata.uid)
         return
     seen = copy(body)
-    if _newer(cache.get(key), seen):
+    if newer(cache.get(key), seen):
         cache[key] = seen
     ctx.queue.add((kind, *key))
 

@@ -138,10 +138,7 @@ class Kube:
         return True
 
     async def list_runs(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        response = await asyncio.to_thread(
-            self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, RUN_PLURAL,
-            label_selector=label_selector, _preload_content=False)
-        return list(_json(response).get("items") or [])
+        return (await self.list_runs_versioned(namespace, label_selector))[0]
 
     async def list_runs_everywhere(self, label_selector: str) -> list[dict[str, Any]]:
         response = await asyncio.to_thread(
@@ -158,11 +155,12 @@ class Kube:
                 {n["metadata"]["name"] for n in items if n["metadata"].get("deletionTimestamp")},
                 int((listed.get("metadata") or {}).get("resourceVersion") or 0))
 
-    async def list_runs_versioned(self, namespace: str) -> tuple[list[dict[str, Any]], int]:
-        """The runs of `namespace`, and the list's resourceVersion."""
+    async def list_runs_versioned(self, namespace: str, label_selector: str = ""
+                                  ) -> tuple[list[dict[str, Any]], int]:
+        """The runs of `namespace` (by label), and the list's resourceVersion."""
         response = await asyncio.to_thread(
             self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, RUN_PLURAL,
-            _preload_content=False)
+            label_selector=label_selector, _preload_content=False)
         listed = _json(response)
         return (list(listed.get("items") or []),
                 int((listed.get("metadata") or {}).get("resourceVersion") or 0))

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from agentrun_operator.controller import Context, slim_run
+from agentrun_operator.controller import Context, newer, slim_run
 from agentrun_operator.reconcile import FINALIZER
 
 log = logging.getLogger("agentrun.operator")
@@ -41,8 +41,7 @@ async def look(ctx: Context, watched: Callable[[str], bool]) -> None:
         for run in listed:
             meta = run["metadata"]
             if meta.get("deletionTimestamp") and FINALIZER in (meta.get("finalizers") or []):
-                cached = ctx.runs.get((namespace, meta["name"]))
-                if cached is None or _version(cached) <= _version(run):
+                if newer(ctx.runs.get((namespace, meta["name"])), run):
                     ctx.keep(ctx.runs, run, slim_run(run))
                 ctx.queue.add(("run", namespace, meta["name"]))
 

@@ -5,10 +5,12 @@ resync looks at it again and writes to it (404) for as long as the operator live
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, cast
 
 import kopf
 from agentrun_operator import namespaces
+from agentrun_operator.controller import DELETED_KEPT_SECONDS
 from agentrun_operator.handlers import _observe, _whole
 from agentrun_operator.reconcile import FINALIZER, Context
 
@@ -91,3 +93,14 @@ def test_the_runs_of_namespaces_kopf_no_longer_watches() -> None:
     assert ctx.runs[("ending", "held")]["metadata"]["deletionTimestamp"]
     assert ("run", "ending", "held") in ctx.queue._queued
     assert ("ending", "released") not in ctx.runs
+
+
+def test_deletions_are_remembered_ten_minutes(monkeypatch: Any) -> None:
+    ctx, clock = _context(), [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    ctx.note_deleted("old")
+    clock[0] += 300
+    ctx.note_deleted("newer")
+    clock[0] += DELETED_KEPT_SECONDS - 299  # "old" is past ten minutes, "newer" is not
+    ctx.note_deleted("newest")
+    assert list(ctx.deleted) == ["newer", "newest"]
