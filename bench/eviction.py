@@ -26,6 +26,14 @@ development node has (64). Where their pods go is `--background-pods`:
   pods stay Pending with a node, as pods waiting on a busy kubelet do, and the run says
   PodCreated. The trial runs' pods, asking for nothing, only fit on the development node
   (park-node is full). Live runs on nodes, what a cluster has.
+- `gated`: held by a scheduling gate (bench.agentrun.dev/hold) that a
+  MutatingAdmissionPolicy of this benchmark adds to every runner pod created in
+  bench-background; kube-scheduler leaves a gated pod alone, so the figures measure the
+  operator among N live runs, not the scheduler's retries. The run says PodCreated. With
+  `--rest-window S`, the operator is measured at rest before the trials (RSS and CPU over
+  S seconds with nothing changing, as bench/scale.py does; goals at 20,000: <= 400 MB,
+  <= 2% of a core): `--background 20000 --background-pods gated --rest-window 330` is
+  the 20,000-live-runs figure of docs/operator.md.
 - `unschedulable`: nowhere; their pods stay Unschedulable. kube-scheduler then retries
   every one of them each time an assigned pod is deleted (a trial's eviction), on the
   same two cores (a probe of 2026-12-01, no operator: 2,000 unschedulable pods, 10
@@ -80,7 +88,14 @@ from tests.cluster_fixtures import apply_crds  # noqa: E402
 from tests.harness import Operator, System, agent_run, email_then_wait  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scale import listed_pods, listed_runs, versions, wait_live, wait_quiet  # noqa: E402
+from scale import (  # noqa: E402
+    listed_pods,
+    listed_runs,
+    measure,
+    versions,
+    wait_live,
+    wait_quiet,
+)
 from throughput import (  # noqa: E402
     CLK_TCK,
     Report,
@@ -95,6 +110,8 @@ from throughput import (  # noqa: E402
 
 NAMESPACE = "bench"
 BACKGROUND = "bench-background"
+HOLD_GATE = "bench.agentrun.dev/hold"
+REASON = {"bound": "PodCreated", "gated": "PodCreated", "unschedulable": "Unschedulable"}
 _core: Any = None  # CoreV1Api of the admin, set in main()
 
 
@@ -254,26 +271,82 @@ class ParkNode:
                 print(f"park-node lease renewal failed: {e}", file=sys.stderr)
 
 
-def background(plane: Any, operator: Operator, n: int, say: Report, *, bound: bool) -> None:
+def hold_pods(plane: Any, namespace: str) -> None:
+    """Every runner pod created in `namespace` from now on carries a scheduling gate no one
+    removes: a MutatingAdmissionPolicy (the API server's own admission, no webhook)."""
+    name = "bench-hold-runner-pods"
+    plane.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                        "items": [{
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail", "reinvocationPolicy": "Never",
+            "matchConstraints": {
+                "namespaceSelector": {"matchLabels": {
+                    "kubernetes.io/metadata.name": namespace}},
+                "objectSelector": {"matchExpressions": [
+                    {"key": "agentrun.dev/run", "operator": "Exists"}]},
+                "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                   "operations": ["CREATE"], "resources": ["pods"]}]},
+            "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {
+                "expression": "Object{spec: Object.spec{schedulingGates: "
+                              f"[Object.spec.schedulingGates{{name: '{HOLD_GATE}'}}]}}}}"}}]}},
+        {"apiVersion": "admissionregistration.k8s.io/v1",
+         "kind": "MutatingAdmissionPolicyBinding", "metadata": {"name": name},
+         "spec": {"policyName": name}}]}))
+    # The API server loads a new policy in the background: wait until a pod created now
+    # would carry the gate (a server-side dry run), or the first runs' pods escape it.
+    core = client.CoreV1Api(api_client(plane, 1))
+    probe = {"metadata": {"name": "hold-probe", "labels": {"agentrun.dev/run": "probe"}},
+             "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+
+    def held() -> bool:
+        made = core.create_namespaced_pod(namespace, probe, dry_run="All")
+        return any(g.name == HOLD_GATE for g in made.spec.scheduling_gates or [])
+
+    wait_for(held, timeout=60, interval=0.5, what=f"{name} in effect")
+
+
+def background(plane: Any, operator: Operator, n: int, say: Report, *, pods: str) -> float:
     """`n` live runs whose pods cannot go on the development node (they ask for more CPU
-    than it has), bound to park-node or unschedulable, and the operator quiet again."""
+    than it has), bound to park-node, held by a scheduling gate or unschedulable, and the
+    operator quiet again; returns the seconds until every run was live."""
     api = api_client(plane, 12)
     create_namespace(plane, BACKGROUND)
+    if pods == "gated":
+        hold_pods(plane, BACKGROUND)
     began = time.monotonic()
     create_many(agentrun_maker(api, BACKGROUND, prefix="bg",
                                resources={"requests": {"cpu": "100"}}), range(n), 8)
-    reason = "PodCreated" if bound else "Unschedulable"
+    say(f"{n} background runs created in {time.monotonic() - began:.0f} s")
+    reason = REASON[pods]
     wait_live(api, BACKGROUND, n, say, reason=reason)
-    if bound:
+    if pods == "bound":
         wait_for(lambda: sum(1 for p in listed_pods(api, BACKGROUND)
                              if (p.get("spec") or {}).get("nodeName") == ParkNode.NAME) >= n,
                  timeout=900, interval=5, what=f"{n} background pods bound to park-node")
+    if pods == "gated":
+        held = sum(1 for p in listed_pods(api, BACKGROUND)
+                   if any(g.get("name") == HOLD_GATE
+                          for g in (p.get("spec") or {}).get("schedulingGates") or []))
+        if held < n:
+            raise RuntimeError(f"only {held}/{n} background pods carry {HOLD_GATE}")
     live = time.monotonic() - began
     assert operator.child is not None
     quiet, calm = wait_quiet(operator.child.pid, operator.child.log_path)
-    say(f"{n} background runs live (Pending, {reason}"
-        f"{', pods on park-node' if bound else ''}) after {live:.0f} s; operator "
-        f"{'quiet' if calm else 'NOT quiet'} {quiet:.0f} s later; load average {load()}")
+    where = {"bound": ", pods on park-node", "gated": f", pods held by {HOLD_GATE}"}
+    say(f"{n} background runs live (Pending, {reason}{where.get(pods, '')}) after "
+        f"{live:.0f} s; operator {'quiet' if calm else 'NOT quiet'} {quiet:.0f} s later; "
+        f"load average {load()}")
+    return live
+
+
+def peak_rss_mb(pid: int) -> float:
+    """VmHWM of `pid`: the most resident memory it has had since it started."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def main() -> int:
@@ -281,8 +354,11 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=30)
     parser.add_argument("--background", type=int, default=0,
                         help="live runs in another namespace during the trials")
-    parser.add_argument("--background-pods", choices=("bound", "unschedulable"),
+    parser.add_argument("--background-pods", choices=("bound", "gated", "unschedulable"),
                         default="bound", help="where the background runs' pods are")
+    parser.add_argument("--rest-window", type=float, default=0.0,
+                        help="with --background: seconds the operator is measured at rest "
+                             "among the background runs before the trials (0: not measured)")
     parser.add_argument("--check-interval", type=float,
                         help="the operator's --check-interval (default: its own, 300 s)")
     parser.add_argument("--out", help="results file (default ~/.cache/agentrun/bench/"
@@ -315,8 +391,22 @@ def main() -> int:
         if args.background:
             if args.background_pods == "bound":
                 park = ParkNode(api_client(plane, 4), args.background).start()
-            background(plane, operator, args.background, say,
-                       bound=args.background_pods == "bound")
+            live = background(plane, operator, args.background, say,
+                              pods=args.background_pods)
+            if args.rest_window > 0:
+                rest = measure(plane, operator, api_client(plane, 4), args.background, live,
+                               args.rest_window, started, namespace=BACKGROUND)
+                assert operator.child is not None
+                say(f"\noperator at rest among {args.background} live runs, "
+                    f"{args.rest_window:.0f} s with {rest.changed} objects changed"
+                    f"{'' if rest.quiet else ' (it had not gone quiet)'}: RSS {rest.rss_mb:.0f} MB "
+                    f"(max {rest.rss_max_mb:.0f} in the window, "
+                    f"{peak_rss_mb(operator.child.pid):.0f} since it started), CPU "
+                    f"{rest.cpu:.2f}% of a core (busiest second {rest.cpu_max_1s:.0f}%; main "
+                    f"thread {rest.main_thread:.2f}%, others {rest.other_threads:.2f}%); "
+                    f"kube-apiserver {rest.apiserver:.1f}%, etcd {rest.etcd:.1f}%, "
+                    f"kube-scheduler {rest.scheduler:.1f}%, kcm {rest.kcm:.1f}%; operator log "
+                    f"lines {rest.log_lines}; load average {rest.load}")
         plane.kubectl("create", "namespace", NAMESPACE)
         wait_for(lambda: plane.kubectl("get", "sa", "default", "-n", NAMESPACE,
                                        check=False).returncode == 0, timeout=30, what="sa")
@@ -346,7 +436,7 @@ def main() -> int:
             after = versions(api, BACKGROUND)
             changed = Counter(kind for kind, _ in set(before) | set(after)
                               if before.get((kind, _)) != after.get((kind, _)))
-            reason = "PodCreated" if args.background_pods == "bound" else "Unschedulable"
+            reason = REASON[args.background_pods]
             still = sum(1 for r in listed_runs(api, BACKGROUND)
                         if (r.get("status") or {}).get("reason") == reason)
             say(f"background: {still}/{args.background} runs still Pending {reason} after "

@@ -185,11 +185,12 @@ class Window:
 
 
 def measure(plane: ControlPlane, operator: Operator, api: client.ApiClient, runs: int,
-            ready_s: float, seconds: float, started: float) -> Window:
+            ready_s: float, seconds: float, started: float,
+            namespace: str = NAMESPACE) -> Window:
     assert operator.child is not None
     pid = operator.child.pid
     quiet_s, quiet = wait_quiet(pid, operator.child.log_path)
-    before = versions(api, NAMESPACE)
+    before = versions(api, namespace)
     time.sleep(3)  # the lists' own cost is behind us
     others = {name: child_pid(plane, name) for name in
               ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler")}
@@ -210,7 +211,7 @@ def measure(plane: ControlPlane, operator: Operator, api: client.ApiClient, runs
     op1, threads1 = cpu_ticks(pid), thread_ticks(pid)
     rest1 = {name: cpu_ticks(p) for name, p in others.items()}
     lines1 = operator.child.log_path.read_text(errors="replace").count("\n")
-    after = versions(api, NAMESPACE)
+    after = versions(api, namespace)
     changed = sum(1 for k in set(before) | set(after) if before.get(k) != after.get(k))
 
     def pct(ticks: int) -> float:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -153,6 +154,25 @@ def newer(cached: Mapping[str, Any] | None, seen: Mapping[str, Any]) -> bool:
 
 # -- slim copies for the caches ------------------------------------------------------------
 
+SHARED_UP_TO = 64  # characters: names, reasons, times, label values; not messages
+
+
+def compact(value: Any) -> Any:
+    """A copy of a decoded JSON value whose keys and short strings are the interpreter's
+    one shared copy (sys.intern). Every object decoded from the API brings its own copy of
+    every key ("metadata", "lastTransitionTime", ...) and of values that repeat across
+    objects (a namespace, a phase, a reason, a condition type): at 20,000 live runs those
+    copies were half of what the caches hold."""
+    kind = type(value)
+    if kind is str:
+        return sys.intern(value) if len(value) <= SHARED_UP_TO else value
+    if kind is dict or isinstance(value, Mapping):
+        return {sys.intern(k) if type(k) is str else k: compact(v) for k, v in value.items()}
+    if kind is list:
+        return [compact(v) for v in value]
+    return value
+
+
 
 def slim_run(obj: Mapping[str, Any]) -> dict[str, Any]:
     """An AgentRun without what no reconcile reads: its input, once it is snapshotted
@@ -163,9 +183,9 @@ def slim_run(obj: Mapping[str, Any]) -> dict[str, Any]:
     # ownerReferences: a schedule's runs are its own (its uid as their controller).
     keep = ("name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
             "deletionTimestamp", "finalizers", "labels", "annotations", "ownerReferences")
-    return {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
-            "metadata": {k: meta[k] for k in keep if k in meta}, "spec": spec,
-            "status": dict(obj.get("status") or {})}
+    return compact({"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
+                    "metadata": {k: meta[k] for k in keep if k in meta}, "spec": spec,
+                    "status": obj.get("status") or {}})
 
 
 def slim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -177,15 +197,16 @@ def slim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
     kept: dict[str, Any] = {"nodeName": spec.get("nodeName")}
     if spec.get("schedulingGates"):  # Kueue's admission gate (queue.py)
         kept["schedulingGates"] = spec["schedulingGates"]
-    return {"metadata": {k: meta[k] for k in keep if k in meta}, "spec": kept,
-            "status": dict(obj.get("status") or {})}
+    return compact({"metadata": {k: meta[k] for k in keep if k in meta}, "spec": kept,
+                    "status": obj.get("status") or {}})
 
 
 def slim_node(obj: Mapping[str, Any]) -> dict[str, Any]:
     meta = obj.get("metadata") or {}
     status = obj.get("status") or {}
-    return {"metadata": {k: meta[k] for k in ("name", "uid", "resourceVersion") if k in meta},
-            "status": {"conditions": status.get("conditions") or []}}
+    return compact({"metadata": {k: meta[k] for k in ("name", "uid", "resourceVersion")
+                                 if k in meta},
+                    "status": {"conditions": status.get("conditions") or []}})
 
 
 # -- workers ------------------------------------------------------------------------------------
