@@ -235,6 +235,7 @@ test-e2e: venv controlplane ## end to end: the images, make install and helm ins
 BENCH_TRIALS := $(or $(TRIALS),$(if $(BENCH_QUICK),10,30))
 BENCH_BACKGROUND ?= $(if $(BENCH_QUICK),200,2000)
 BENCH_N ?= $(if $(BENCH_QUICK),200,2000)
+BENCH_GATED ?= $(if $(BENCH_QUICK),2000,20000)
 BENCH_LEVELS ?= $(if $(BENCH_QUICK),200$(comma)500,1000$(comma)2500$(comma)5000)
 comma := ,
 # Each benchmark prints its figures and writes them to ~/.cache/agentrun/bench/ (outside the
@@ -242,7 +243,7 @@ comma := ,
 BENCH_OUT := $(if $(BENCH_QUICK),--out -)
 
 .PHONY: bench
-bench: venv controlplane kueue-build ## benchmarks: ledger cost; a tenant's ledger writes while another floods the store API, and while one viewer opens 200 transcript follows; ledger writes during a retention purge of 100,000 records; trigger events accepted beside kubectl create; eviction latency idle and under load, throughput beside the Job controller; runs through a Kueue queue beside Jobs; the operator at rest at scale; resume; status writes of live usage and approval latency; schedules; the transcript API's latency
+bench: venv controlplane kueue-build ## benchmarks: ledger cost; a tenant's ledger writes while another floods the store API, and while one viewer opens 200 transcript follows; ledger writes during a retention purge of 100,000 records; trigger events accepted beside kubectl create; eviction latency idle and under load, throughput beside the Job controller; runs through a Kueue queue beside Jobs; the operator at rest at scale, and among 20,000 live runs held by a scheduling gate; one run a second with a TTL for 30 minutes beside Jobs with theirs; resume; status writes of live usage and approval latency; schedules; the transcript API's latency
 	$(PY) bench/ledger.py $(BENCH_OUT)
 	$(PY) bench/store_flood.py $(BENCH_OUT)
 	$(PY) bench/follow_flood.py $(if $(BENCH_QUICK),--seconds 50 --writes 300,) $(BENCH_OUT)
@@ -253,6 +254,8 @@ bench: venv controlplane kueue-build ## benchmarks: ledger cost; a tenant's ledg
 	$(PY) bench/throughput.py --n $(BENCH_N) $(BENCH_OUT)
 	$(PY) bench/queues.py --n $(if $(BENCH_QUICK),40,200) $(BENCH_OUT)
 	$(PY) bench/scale.py --levels $(BENCH_LEVELS) $(BENCH_OUT)
+	$(PY) bench/eviction.py --trials $(BENCH_TRIALS) --background $(BENCH_GATED) --background-pods gated --rest-window $(if $(BENCH_QUICK),60,330) $(BENCH_OUT)
+	$(PY) bench/churn.py --minutes $(if $(BENCH_QUICK),3,30) $(BENCH_OUT)
 	$(PY) bench/resume.py --trials $(if $(BENCH_QUICK),5,20) $(BENCH_OUT)
 	$(PY) bench/outcome.py --runs $(if $(BENCH_QUICK),3,10) --approvals $(if $(BENCH_QUICK),5,20) $(BENCH_OUT)
 	$(PY) bench/schedule.py --schedules $(if $(BENCH_QUICK),100,1000) --minutes $(if $(BENCH_QUICK),2,4) $(BENCH_OUT)

@@ -306,27 +306,28 @@ def _observe(ctx: Context, cache: dict[tuple[str, str], dict[str, Any]], kind: s
     seen = copy(body)
     if newer(cache.get(key), seen):
         cache[key] = seen
-    ctx.queue.add((kind, *key))
+    # kopf's initial list (type None) brings every object at once: behind any change.
+    ctx.queue.add((kind, *key), later=type is None)
 
 
 def resync_all(ctx: Context) -> None:
     """Every run and replay with something possibly left to do, and every schedule and
-    trigger, on the queue."""
+    trigger, on the queue's later lane (a change that comes meanwhile goes first)."""
     for (namespace, name), run in list(ctx.runs.items()):
         if _needs_look(run):
-            ctx.queue.add(("run", namespace, name))
+            ctx.queue.add(("run", namespace, name), later=True)
     for (namespace, name), approval in list(ctx.approvals.items()):
         if not (approval.get("status") or {}).get("phase"):
-            ctx.queue.add(("approval", namespace, name))
+            ctx.queue.add(("approval", namespace, name), later=True)
     for (namespace, name), replay in list(ctx.replays.items()):
         phase = (replay.get("status") or {}).get("phase")
         if phase != ReplayPhase.APPROVED or not (replay.get("status") or {}).get(
                 "replayRunName"):
-            ctx.queue.add(("replay", namespace, name))
+            ctx.queue.add(("replay", namespace, name), later=True)
     for namespace, name in list(ctx.schedules):
-        ctx.queue.add(("schedule", namespace, name))
+        ctx.queue.add(("schedule", namespace, name), later=True)
     for namespace, name in list(ctx.triggers):
-        ctx.queue.add(("trigger", namespace, name))
+        ctx.queue.add(("trigger", namespace, name), later=True)
 
 
 async def _resync_forever(ctx: Context) -> None:

@@ -5,11 +5,18 @@ worked on again once that worker is done (the "dirty" set), so no change is lost
 two reconciles of one run overlap. Keys added many times before a worker takes them are
 worked on once. `add_after` schedules a key (a deadline, a backoff); `failed` backs a key
 off exponentially until `forget`.
+
+Two lanes, as controller-runtime's priority queue has them: what a watch event or a
+deadline adds goes first; what the resync sweep and the watch's initial list add
+(`later=True`: every live run at once, 20,000 keys at 20,000 live runs) is taken only
+when nothing else waits. An eviction's key does not wait behind a sweep. A key waiting in
+the later lane that an event adds again moves to the first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from collections.abc import Hashable
 from typing import Generic, TypeVar
@@ -20,10 +27,16 @@ BACKOFF_BASE = 0.05
 BACKOFF_MAX = 60.0
 
 
+NOW, LATER = 0, 1  # the lanes
+
+
 class WorkQueue(Generic[K]):
     def __init__(self) -> None:
-        self._ready: asyncio.Queue[K] = asyncio.Queue()
-        self._queued: set[K] = set()  # in _ready, not taken yet
+        # (lane, order, key); an entry whose key has since moved to the first lane, or
+        # been taken, is skipped when it comes up.
+        self._ready: asyncio.PriorityQueue[tuple[int, int, K]] = asyncio.PriorityQueue()
+        self._order = itertools.count()
+        self._queued: dict[K, int] = {}  # in _ready, not taken yet: its lane
         self._active: set[K] = set()  # taken by a worker
         self._dirty: set[K] = set()  # added again while active
         self._timers: dict[K, asyncio.TimerHandle] = {}
@@ -32,12 +45,14 @@ class WorkQueue(Generic[K]):
     def __len__(self) -> int:
         return len(self._queued) + len(self._dirty)
 
-    def add(self, key: K) -> None:
+    def add(self, key: K, *, later: bool = False) -> None:
+        """Puts `key` on the queue: first, or with `later` behind everything else."""
+        lane = LATER if later else NOW
         if key in self._active:
             self._dirty.add(key)
-        elif key not in self._queued:
-            self._queued.add(key)
-            self._ready.put_nowait(key)
+        elif self._queued.get(key, LATER + 1) > lane:
+            self._queued[key] = lane
+            self._ready.put_nowait((lane, next(self._order), key))
 
     def add_after(self, key: K, delay: float) -> None:
         """Adds `key` after `delay` seconds; an earlier schedule of the same key wins."""
@@ -70,8 +85,11 @@ class WorkQueue(Generic[K]):
         self._failures.pop(key, None)
 
     async def get(self) -> K:
-        key = await self._ready.get()
-        self._queued.discard(key)
+        while True:
+            lane, _, key = await self._ready.get()
+            if self._queued.get(key) == lane:
+                break
+        del self._queued[key]
         self._active.add(key)
         return key
 

@@ -61,3 +61,43 @@ def test_failures_back_off_exponentially_until_forgotten() -> None:
     delays = asyncio.run(go())
     assert all(b > a for a, b in itertools.pairwise(delays[:5]))
     assert delays[5] < delays[1]
+
+
+def test_a_sweep_waits_behind_every_change_and_a_changed_key_leaves_it() -> None:
+    async def go() -> list[str]:
+        q: WorkQueue[str] = WorkQueue()
+        for key in ("s1", "s2", "evicted", "s3"):  # a resync sweep, the last key changed
+            q.add(key, later=True)
+        q.add("evicted")  # its pod's eviction: the first lane
+        q.add("new")
+        q.add("s2", later=True)  # swept twice: still once, still later
+        taken = [await q.get() for _ in range(5)]
+        assert len(q) == 0
+        try:
+            extra = await asyncio.wait_for(q.get(), timeout=0.05)
+            raise AssertionError(f"{extra} was handed out twice")
+        except TimeoutError:
+            pass
+        return taken
+
+    assert asyncio.run(go()) == ["evicted", "new", "s1", "s2", "s3"]
+
+
+def test_a_key_swept_again_after_it_was_taken_comes_back_once() -> None:
+    async def go() -> list[str]:
+        q: WorkQueue[str] = WorkQueue()
+        q.add("a", later=True)
+        q.add("a")
+        assert await q.get() == "a"  # by the first lane; its later entry is stale
+        q.done("a")
+        q.add("a", later=True)
+        q.add("b", later=True)
+        taken = [await q.get(), await q.get()]
+        try:
+            extra = await asyncio.wait_for(q.get(), timeout=0.05)
+            raise AssertionError(f"{extra} was handed out twice")
+        except TimeoutError:
+            pass
+        return taken
+
+    assert asyncio.run(go()) == ["a", "b"]
