@@ -5,10 +5,12 @@ TokenRequest), exactly what the store API verifies in a cluster."""
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import json
 import os
 import re
+import shutil
 import ssl
 import sys
 import tempfile
@@ -56,6 +58,13 @@ STORE_API_FORKS = Forks(Path(sys.executable), "agentrun_store_api.main",
                                  "kubernetes.config", "kubernetes.client",
                                  "google.adk.sessions.database_session_service",
                                  "google.adk.events.event", "google.adk.sessions.session"))
+
+
+@atexit.register
+def _stop_store_api_forks() -> None:
+    """The session's fork servers, their socket directories and their logs go with it."""
+    STORE_API_FORKS.stop()
+    shutil.rmtree(STORE_API_FORKS.work, ignore_errors=True)
 
 
 class StoreAPIProcess:

@@ -39,7 +39,15 @@ from agentrun.vocabulary import (
     Reason,
     ReplayPhase,
 )
-from agentrun_operator import events, metrics, namespaces, retention, startup_checks, usage
+from agentrun_operator import (
+    events,
+    heap,
+    metrics,
+    namespaces,
+    retention,
+    startup_checks,
+    usage,
+)
 from agentrun_operator.agents import reconcile_agent, slim_agent
 from agentrun_operator.approval import reconcile_approval
 from agentrun_operator.config import OperatorConfig
@@ -333,10 +341,13 @@ def resync_all(ctx: Context) -> None:
 async def _resync_forever(ctx: Context) -> None:
     """The safety net under the watches: every run looked at again now and then
     (jittered, so that replicas and restarts do not sweep in step)."""
+    settler = heap.Settler()
     while True:
         await asyncio.sleep(ctx.config.check_interval * random.uniform(0.9, 1.1))
         if ctx.workloads is not None and not ctx.workloads.running:
             await ctx.workloads.start()  # Kueue may have been installed since
+        # What lived through the period leaves the garbage collector's sight (heap.py).
+        settler.settle()
         resync_all(ctx)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
 
@@ -10,6 +11,7 @@ import kopf
 
 from agentrun import logs
 from agentrun_operator import config as configuration
+from agentrun_operator import heap
 from agentrun_operator.handlers import register
 
 
@@ -19,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     # kopf's own per-object chatter goes to debug; our handlers log one line per step.
     logging.getLogger("kopf").setLevel(logging.WARNING)
     registry = register(config)
+    # The imported modules are here for good: out of the garbage collector's walks.
+    heap.watch()
+    gc.freeze()
     asyncio.run(kopf.operator(
         registry=registry,
         # No kopf peering: replicas elect one active among them with a Lease
