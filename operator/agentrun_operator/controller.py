@@ -26,6 +26,7 @@ from agentrun_operator import metrics
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.informer import Informer, Informers, Key
 from agentrun_operator.kube import Conflict, Kube
+from agentrun_operator.pods import pod_name
 from agentrun_operator.workqueue import WorkQueue
 
 log = logging.getLogger("agentrun.operator")
@@ -118,6 +119,16 @@ class Context:
         self.deleted[uid] = moment
         while moment - next(iter(self.deleted.values())) > DELETED_KEPT_SECONDS:
             del self.deleted[next(iter(self.deleted))]
+
+    def forget_run(self, run: Mapping[str, Any]) -> None:
+        """A deleted run: what the caches kept for its attempts goes with it."""
+        meta, status = run.get("metadata") or {}, run.get("status") or {}
+        namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        self.usage_written.pop((namespace, name), None)
+        for attempt in range(1, int(status.get("attempts") or 0) + 2):
+            pod = (namespace, pod_name(name, attempt))
+            self.gone.pop(pod, None)
+            self.expected.pop(pod, None)
 
     async def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         if self.pods is not None and self.pods.synced.is_set():

@@ -139,7 +139,13 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
                 return
             key = key_of(pod)
             if deleted:
-                ctx.gone[key] = pod
+                # Its last state, for the live run it ran (how the attempt ended). A settled
+                # or deleted run never reads it: not kept (one entry per run would
+                # otherwise stay for good, as runs leave by their TTL).
+                owner = ctx.runs.get((key[0], run))
+                if owner is not None and (owner.get("status") or {}).get(
+                        "phase") not in Phase.TERMINAL:
+                    ctx.gone[key] = pod
             elif not ctx.workloads.running and gated(pod):
                 # Kueue holds this pod and its Workloads are not watched yet: Kueue was
                 # installed after this operator started.
@@ -254,6 +260,8 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
     @kopf.on.event(GROUP, VERSION, RUN_PLURAL, registry=registry)
     async def run_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         _observe(memo.ctx, memo.ctx.runs, "run", type, body, slim_run)
+        if type == "DELETED":
+            memo.ctx.forget_run(body)
         # A runner found the Agent's snapshot cannot be built in its image (a function it
         # does not ship as a tool): the Agent looks again, and says so (agents.py).
         status = body.get("status") or {}

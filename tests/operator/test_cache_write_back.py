@@ -104,3 +104,16 @@ def test_deletions_are_remembered_ten_minutes(monkeypatch: Any) -> None:
     clock[0] += DELETED_KEPT_SECONDS - 299  # "old" is past ten minutes, "newer" is not
     ctx.note_deleted("newest")
     assert list(ctx.deleted) == ["newer", "newest"]
+
+
+def test_a_deleted_run_takes_what_the_caches_kept_for_its_attempts_with_it() -> None:
+    ctx = _context()
+    for key in (("t1", "triage-1"), ("t1", "triage-2"), ("t1", "other-1")):
+        ctx.gone[key] = {"metadata": {"name": key[1]}}
+        ctx.expected[key] = 1.0
+    ctx.usage_written[("t1", "triage")] = 1.0
+    ctx.forget_run({"metadata": {"namespace": "t1", "name": "triage"},
+                    "status": {"attempts": 2}})
+    assert set(ctx.gone) == {("t1", "other-1")}
+    assert set(ctx.expected) == {("t1", "other-1")}
+    assert not ctx.usage_written
