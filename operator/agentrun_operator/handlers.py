@@ -58,6 +58,7 @@ from agentrun_operator.leader import LeaderElection
 from agentrun_operator.queue import gated
 from agentrun_operator.reconcile import reconcile_run
 from agentrun_operator.replay import reconcile_replay
+from agentrun_operator.run import owns
 from agentrun_operator.schedule_reconcile import index_run, list_schedule_runs, reconcile_schedule
 from agentrun_operator.status import node_ready
 from agentrun_operator.trigger_reconcile import reconcile_trigger
@@ -138,14 +139,8 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
             if not run:
                 return
             key = key_of(pod)
-            if deleted:
-                # Its last state, for the live run it ran (how the attempt ended). A settled
-                # or deleted run never reads it: not kept (one entry per run would
-                # otherwise stay for good, as runs leave by their TTL).
-                owner = ctx.runs.get((key[0], run))
-                if owner is not None and (owner.get("status") or {}).get(
-                        "phase") not in Phase.TERMINAL:
-                    ctx.gone[key] = pod
+            if deleted and keeps_gone(ctx.runs.get((key[0], run)), pod):
+                ctx.gone[key] = pod
             elif not ctx.workloads.running and gated(pod):
                 # Kueue holds this pod and its Workloads are not watched yet: Kueue was
                 # installed after this operator started.
@@ -326,6 +321,26 @@ def _observe(ctx: Context, cache: dict[tuple[str, str], dict[str, Any]], kind: s
     ctx.queue.add((kind, *key), later=type is None)
 
 
+def keeps_gone(run: Mapping[str, Any] | None, pod: Mapping[str, Any]) -> bool:
+    """Whether a deleted runner pod's last state is kept: for the live run that owns it
+    (how its attempt ended), or for a run not seen yet (kopf lists the runs after the pod
+    informer has started). A settled run never reads it again: kept, it would stay for
+    good once runs leave by their TTL."""
+    if run is None:
+        return True
+    return owns(run, pod) and (run.get("status") or {}).get("phase") not in Phase.TERMINAL
+
+
+def prune_gone(ctx: Context) -> None:
+    """The deleted pods kept for runs that settled or went meanwhile (at a resync, long
+    after kopf listed the runs)."""
+    for key, pod in list(ctx.gone.items()):
+        run = (pod["metadata"].get("labels") or {}).get(LABEL_RUN)
+        owner = ctx.runs.get((key[0], run)) if run else None
+        if owner is None or not keeps_gone(owner, pod):
+            del ctx.gone[key]
+
+
 def resync_all(ctx: Context) -> None:
     """Every run and replay with something possibly left to do, and every schedule and
     trigger, on the queue's later lane (a change that comes meanwhile goes first)."""
@@ -356,6 +371,7 @@ async def _resync_forever(ctx: Context) -> None:
             await ctx.workloads.start()  # Kueue may have been installed since
         # What lived through the period leaves the garbage collector's sight (heap.py).
         settler.settle()
+        prune_gone(ctx)
         resync_all(ctx)
 
 

@@ -11,7 +11,7 @@ from typing import Any, cast
 import kopf
 from agentrun_operator import namespaces
 from agentrun_operator.controller import DELETED_KEPT_SECONDS
-from agentrun_operator.handlers import _observe, _whole
+from agentrun_operator.handlers import _observe, _whole, keeps_gone, prune_gone
 from agentrun_operator.reconcile import FINALIZER, Context
 
 
@@ -117,3 +117,37 @@ def test_a_deleted_run_takes_what_the_caches_kept_for_its_attempts_with_it() -> 
     assert set(ctx.gone) == {("t1", "other-1")}
     assert set(ctx.expected) == {("t1", "other-1")}
     assert not ctx.usage_written
+
+
+def _owner(uid: str, phase: str) -> dict[str, Any]:
+    return {"metadata": {"namespace": "t1", "name": "triage", "uid": uid},
+            "status": {"phase": phase}}
+
+
+def _pod(owner_uid: str) -> dict[str, Any]:
+    return {"metadata": {"namespace": "t1", "name": "triage-1",
+                         "labels": {"agentrun.dev/run": "triage"},
+                         "ownerReferences": [{"uid": owner_uid}]}}
+
+
+def test_a_deleted_pod_is_kept_for_its_live_run_or_a_run_not_seen_yet_only() -> None:
+    assert keeps_gone(_owner("u1", "Running"), _pod("u1"))
+    # The operator just started: kopf has not listed the runs yet, the pod informer has.
+    assert keeps_gone(None, _pod("u1"))
+    assert not keeps_gone(_owner("u1", "Succeeded"), _pod("u1"))  # settled: never read
+    assert not keeps_gone(_owner("u2", "Running"), _pod("u1"))  # a run of the same name, anew
+
+
+def test_a_resync_drops_the_deleted_pods_of_runs_that_settled_or_went() -> None:
+    ctx = _context()
+    ctx.gone[("t1", "triage-1")] = _pod("u1")
+    ctx.runs[("t1", "triage")] = _owner("u1", "Running")
+    prune_gone(ctx)
+    assert ("t1", "triage-1") in ctx.gone
+    ctx.runs[("t1", "triage")] = _owner("u1", "Failed")
+    prune_gone(ctx)
+    assert not ctx.gone
+    ctx.gone[("t1", "triage-1")] = _pod("u1")
+    del ctx.runs[("t1", "triage")]
+    prune_gone(ctx)
+    assert not ctx.gone
