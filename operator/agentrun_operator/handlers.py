@@ -232,6 +232,7 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
         else:
             await lead()
         memo.tasks.append(asyncio.create_task(_resync_forever(ctx)))
+        memo.tasks.append(asyncio.create_task(_settle_forever()))
         memo.tasks.append(asyncio.create_task(startup_checks.check(ctx)))
         log.info("event=started store=%s store_api=%s namespaces=%s workers=%s election=%s",
                  store.redact(config.database_url), config.store_api_url,
@@ -364,15 +365,21 @@ def resync_all(ctx: Context) -> None:
 async def _resync_forever(ctx: Context) -> None:
     """The safety net under the watches: every run looked at again now and then
     (jittered, so that replicas and restarts do not sweep in step)."""
-    settler = heap.Settler()
     while True:
         await asyncio.sleep(ctx.config.check_interval * random.uniform(0.9, 1.1))
         if ctx.workloads is not None and not ctx.workloads.running:
             await ctx.workloads.start()  # Kueue may have been installed since
-        # What lived through the period leaves the garbage collector's sight (heap.py).
-        settler.settle()
         prune_gone(ctx)
         resync_all(ctx)
+
+
+async def _settle_forever() -> None:
+    """Every SETTLE_EVERY seconds, what has lived that long leaves the garbage collector's
+    sight (heap.py): a full collection then walks at most that long's new objects."""
+    settler = heap.Settler()
+    while True:
+        await asyncio.sleep(heap.SETTLE_EVERY)
+        settler.settle()
 
 
 def kopf_namespace_filter(patterns: tuple[str, ...]) -> Any:

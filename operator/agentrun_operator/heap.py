@@ -9,8 +9,8 @@ about 0.3 s on a 2-core machine (the modules the operator imports add 130,000 mo
 took 523 ms among 20,000 live runs (bench/eviction.py, gated).
 
 The caches are trees decoded from JSON: never part of a circle, freed by reference
-counting when a newer copy replaces them. So what has lived through a resync period is
-moved out of the collector's sight (`gc.freeze`: the permanent generation), as are the
+counting when a newer copy replaces them. So what has lived a minute is moved out of the
+collector's sight (`gc.freeze`: the permanent generation), as are the
 imported modules at start-up; a full collection then walks only what is newer. A circle
 that became garbage after it was frozen would be kept, so once an hour everything is
 looked at again (`gc.unfreeze`, one full collection, `gc.freeze`): one pause of the old
@@ -32,6 +32,7 @@ log = logging.getLogger("agentrun.operator")
 
 LOGGED_FROM = 0.05  # seconds: a collection this long is logged whatever its generation
 WHOLE_EVERY = 3600.0  # seconds between the full collections over everything
+SETTLE_EVERY = 60.0  # seconds between two freezes of what is alive
 
 
 def watch() -> Callable[[str, dict[str, Any]], None]:
