@@ -66,6 +66,7 @@ from agentrun_devtools.cluster import start_dev_node  # noqa: E402
 from agentrun_devtools.controlplane import ControlPlane  # noqa: E402
 from agentrun_devtools.postgres import Postgres  # noqa: E402
 from agentrun_devtools.stats import results_file  # noqa: E402
+from eviction import percentiles  # noqa: E402
 from kubernetes import client, watch  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 from sqlalchemy import text  # noqa: E402
@@ -184,15 +185,6 @@ def job_manifest(name: str, ttl: int) -> dict[str, Any]:
             "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": ttl,
                      "template": {"spec": {"restartPolicy": "Never", "containers": [
                          {"name": "work", "image": "busybox", "command": ["true"]}]}}}}
-
-
-def percentiles(values: list[float]) -> tuple[float, float, float]:
-    if not values:
-        return float("nan"), float("nan"), float("nan")
-    if len(values) == 1:
-        return values[0], values[0], values[0]
-    q = statistics.quantiles(values, n=100, method="inclusive")
-    return statistics.median(values), q[98], max(values)
 
 
 def slope_per_10min(samples: list[tuple[float, float]]) -> float:
@@ -349,8 +341,8 @@ def main() -> int:
                 statistics.fmean(s.runs_settled for s in steady),
                 statistics.fmean(s.jobs_settled for s in steady), "{:.1f}")
         ours_late, jobs_late = percentiles(late(runs)), percentiles(late(jobs))
-        for k, label in enumerate(("p50", "p99", "max")):
-            row(f"delete after settled + TTL, {label} (s)", ours_late[k], jobs_late[k],
+        for label in ("p50", "p99", "max"):
+            row(f"delete after settled + TTL, {label} (s)", ours_late[label], jobs_late[label],
                 "{:.2f}")
         if steady:
             first, last = steady[0], steady[-1]

@@ -188,7 +188,6 @@ def compact(value: Any) -> Any:
     return value
 
 
-
 def slim_run(obj: Mapping[str, Any]) -> dict[str, Any]:
     """An AgentRun without what no reconcile reads: its input, once it is snapshotted
     (until then the launch needs it, and reads it here rather than from the API)."""
