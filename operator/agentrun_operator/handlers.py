@@ -126,8 +126,12 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
         await migrate_when_reachable(config.database_url)
         kube = Kube(pool=API_THREADS + events.EVENT_THREADS)
         events.configure(kube.api)
+        # A connection for each worker and two more (the usage poll, a purge's batch),
+        # kept open: an overflow connection, opened for a burst of launches and closed
+        # after each use, cost more (a server process started, statements prepared
+        # again) than the statements it ran.
         ctx = memo.ctx = Context(config=config, engine=store.make_engine(
-            config.database_url, pool_size=5, max_overflow=5), kube=kube)
+            config.database_url, pool_size=config.workers + 2, max_overflow=0), kube=kube)
         # Read at scrape time, in the server's thread: a copy in one step (no iteration
         # of a dict the event loop changes meanwhile).
         metrics.watch(lambda: list(ctx.runs.values()), lambda: len(ctx.queue))
