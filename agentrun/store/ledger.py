@@ -252,6 +252,21 @@ UNREADABLE = (SQLAlchemyError, OSError, ValueError, TimeoutError)
 
 async def tools_on(conn: AsyncConnection, uid: str, attempt: int) -> list[str]:
     """`tools_executed` on an open connection (inside the caller's transaction)."""
+    return (await counted_on(conn, uid, attempt)).tools
+
+
+@dataclass(frozen=True)
+class Counted:
+    """An attempt's tools (tools_on), and the attempt it resumed, as its row says: its
+    number, and the run it belongs to when that is another run (a replay's fork)."""
+
+    tools: list[str]
+    resumes_attempt: int | None
+    resumes_run_uid: str | None
+
+
+async def counted_on(conn: AsyncConnection, uid: str, attempt: int) -> Counted:
+    """tools_on, with what the attempt's row says it resumed (read in the same query)."""
     rows = await conn.execute(
         select(tool_calls.c.tool, tool_calls.c.call_id, tool_calls.c.started_at,
                tool_calls.c.seq)
@@ -267,7 +282,7 @@ async def tools_on(conn: AsyncConnection, uid: str, attempt: int) -> list[str]:
         await conn.execute(
             select(attempts.c.app_name, attempts.c.user_id, attempts.c.session_id,
                    attempts.c.invocation_id, attempts.c.resumes_attempt,
-                   attempts.c.runner_started_at)
+                   attempts.c.resumes_run_uid, attempts.c.runner_started_at)
             .where(attempts.c.run_uid == uid, attempts.c.attempt == attempt)
         )
     ).one_or_none()
@@ -296,7 +311,9 @@ async def tools_on(conn: AsyncConnection, uid: str, attempt: int) -> list[str]:
             session = [c for c in session
                        if c.call_id in ledgered_ids or c.call_id not in journalled]
     session = [c for c in session if c.call_id not in waited]
-    return union_in_call_order(session, ledgered)
+    return Counted(union_in_call_order(session, ledgered),
+                   where.resumes_attempt if where is not None else None,
+                   where.resumes_run_uid if where is not None else None)
 
 
 @dataclass(frozen=True)

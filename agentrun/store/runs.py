@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agentrun.attempt import AttemptIdentity
 from agentrun.store.dialect import upsert_insert
-from agentrun.store.ledger import UNREADABLE, AttemptSettled, tools_on
+from agentrun.store.ledger import UNREADABLE, AttemptSettled, counted_on
 from agentrun.store.schema import attempts, runs
 from agentrun.store.sessions import session_app
 from agentrun.vocabulary import RunStatus
@@ -399,14 +399,12 @@ async def settle_counting_on(conn: AsyncConnection, uid: str, attempt: int, stat
     tools: list[str] | None
     try:
         async with conn.begin_nested():
-            tools = await tools_on(conn, uid, attempt)
+            counted = await counted_on(conn, uid, attempt)
             # A resumed attempt's calls come after those of the attempt it resumed:
             # the run's toolsExecuted is every call that really ran, across them.
             # (No attempt row: refused before its pod, nothing resumed.)
-            resumed, elsewhere = (await conn.execute(
-                select(attempts.c.resumes_attempt, attempts.c.resumes_run_uid)
-                .where(*_attempt_key(uid, attempt))
-            )).one_or_none() or (None, None)
+            tools = counted.tools
+            resumed, elsewhere = counted.resumes_attempt, counted.resumes_run_uid
             # (A replay run resuming its original's fork counts only its own calls.)
             if resumed is not None and elsewhere is None:
                 before = (await conn.execute(
@@ -440,19 +438,21 @@ async def settle_on(
     fields = dict(
         status=status, reason=reason, message=message, tools_executed=tools, finished_at=now
     )
-    existing = (
+    # The live attempt's row is settled (the common case: one statement); when none was
+    # settled, whether the row exists says if another writer won or no attempt was ever
+    # written down (a run refused before its pod: the run's row alone).
+    won = (
+        await conn.execute(
+            update(attempts)
+            .where(*_attempt_key(uid, attempt), attempts.c.status.in_(RunStatus.LIVE))
+            .values(**fields)
+        )
+    ).rowcount == 1
+    existing = won or (
         await conn.execute(select(attempts.c.status).where(*_attempt_key(uid, attempt)))
-    ).one_or_none()
-    if existing is not None:
-        won = (
-            await conn.execute(
-                update(attempts)
-                .where(*_attempt_key(uid, attempt), attempts.c.status.in_(RunStatus.LIVE))
-                .values(**fields)
-            )
-        ).rowcount == 1
-        if not won:
-            return False
+    ).one_or_none() is not None
+    if existing and not won:
+        return False
     result = await conn.execute(
         update(runs)
         .where(
@@ -462,7 +462,7 @@ async def settle_on(
         )
         .values(attempts=attempt, updated_at=now, **fields)
     )
-    return existing is not None or result.rowcount == 1
+    return existing or result.rowcount == 1
 
 
 async def close_run(engine: AsyncEngine, uid: str, attempt: int, status: str,

@@ -70,6 +70,14 @@ def _waiting_reason(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def marked_for_stop(pod: Mapping[str, Any]) -> bool:
+    """The cluster has said it will stop the pod (DisruptionTarget, or Kueue's
+    TerminationTarget): its deletion, and so its end, follow a moment later."""
+    conditions = _conditions(pod)
+    return any((conditions.get(kind) or {}).get("status") == "True"
+               for kind in ("DisruptionTarget", Kueue.TERMINATION_TARGET))
+
+
 def match_disruption(pod: Mapping[str, Any]) -> Outcome | None:
     """A DisruptionTarget condition, acted on only together with a deletion or phase Failed
     (the disruption controller may set it and later clear it on a pod that lives on)."""

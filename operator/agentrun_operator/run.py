@@ -96,7 +96,7 @@ from agentrun.vocabulary import (
 from agentrun_operator import queue as queues
 from agentrun_operator import status as st
 from agentrun_operator import ttl
-from agentrun_operator.classify import Outcome, classify
+from agentrun_operator.classify import Outcome, classify, marked_for_stop
 from agentrun_operator.config import OperatorConfig
 from agentrun_operator.decide import (
     Decision,
@@ -258,7 +258,10 @@ def reads(facts: RunFacts, now: datetime.datetime, config: OperatorConfig) -> Re
     outcome = classify(facts.pod, facts.node, now, config.node_lost_grace)
     if outcome is not None and outcome.terminal:
         return Reads()
-    if outcome is not None and outcome.phase == Phase.RUNNING and facts.phase == Phase.RUNNING:
+    if outcome is not None and outcome.phase == Phase.RUNNING and \
+            facts.phase == Phase.RUNNING and not marked_for_stop(facts.pod):
+        # (A pod the cluster marked for a stop is deleted a moment later; the sync of its
+        # end, which reads everything, would wait behind this read.)
         return Reads(usage=True)
     if _stale_left(facts, now, config) <= 0:
         return Reads()

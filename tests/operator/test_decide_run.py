@@ -864,6 +864,11 @@ def test_should_retry_defaults_to_one_attempt() -> None:
      facts(agent_run(Phase.PENDING, Reason.POD_CREATED), pod=pod("Pending"), node=NODE), False),
     ("a pod that runs, its run Pending: the caches suffice",
      facts(agent_run(Phase.PENDING, Reason.POD_CREATED), pod=pod(), node=NODE), False),
+    ("a pod that runs, its run Running: the usage", facts(LIVE, pod=pod(), node=NODE), True),
+    ("a pod that runs, marked for eviction, not deleted yet: its end comes next",
+     facts(LIVE, pod=pod(conditions=({"type": "DisruptionTarget", "status": "True",
+                                      "reason": "EvictionByEvictionAPI"},)), node=NODE),
+     False),
     ("a pod that ended: the store's account", facts(LIVE, pod=disrupted(
         "EvictionByEvictionAPI"), node=NODE), True),
     ("no pod, created a moment ago: the caches suffice",
