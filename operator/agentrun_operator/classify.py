@@ -48,6 +48,12 @@ def _conditions(obj: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return {c.get("type", ""): c for c in (obj.get("status") or {}).get("conditions") or []}
 
 
+def _true(pod: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    """The pod's condition `kind` when its status is True."""
+    condition = _conditions(pod).get(kind)
+    return condition if condition and condition.get("status") == "True" else None
+
+
 def _parse_time(value: str | None) -> datetime.datetime | None:
     if not value:
         return None
@@ -73,16 +79,14 @@ def _waiting_reason(pod: Mapping[str, Any]) -> tuple[str, str] | None:
 def marked_for_stop(pod: Mapping[str, Any]) -> bool:
     """The cluster has said it will stop the pod (DisruptionTarget, or Kueue's
     TerminationTarget): its deletion, and so its end, follow a moment later."""
-    conditions = _conditions(pod)
-    return any((conditions.get(kind) or {}).get("status") == "True"
-               for kind in ("DisruptionTarget", Kueue.TERMINATION_TARGET))
+    return any(_true(pod, kind) for kind in ("DisruptionTarget", Kueue.TERMINATION_TARGET))
 
 
 def match_disruption(pod: Mapping[str, Any]) -> Outcome | None:
     """A DisruptionTarget condition, acted on only together with a deletion or phase Failed
     (the disruption controller may set it and later clear it on a pod that lives on)."""
-    condition = _conditions(pod).get("DisruptionTarget")
-    if not condition or condition.get("status") != "True":
+    condition = _true(pod, "DisruptionTarget")
+    if condition is None:
         return None
     deleting = (pod.get("metadata") or {}).get("deletionTimestamp") is not None
     failed = (pod.get("status") or {}).get("phase") == "Failed"
@@ -104,8 +108,8 @@ def match_queue_eviction(pod: Mapping[str, Any]) -> Outcome | None:
     ClusterQueue stopped, pods-ready timeout) is a preemption: not the run's fault. Any
     other stop (its Workload deleted, ...) is a deletion, with Kueue's reason. Acted on
     only with the deletion or phase Failed, as DisruptionTarget is."""
-    condition = _conditions(pod).get(Kueue.TERMINATION_TARGET)
-    if not condition or condition.get("status") != "True":
+    condition = _true(pod, Kueue.TERMINATION_TARGET)
+    if condition is None:
         return None
     deleting = (pod.get("metadata") or {}).get("deletionTimestamp") is not None
     phase = (pod.get("status") or {}).get("phase")
