@@ -448,11 +448,10 @@ async def settle_on(
             .values(**fields)
         )
     ).rowcount == 1
-    existing = won or (
+    if not won and (
         await conn.execute(select(attempts.c.status).where(*_attempt_key(uid, attempt)))
-    ).one_or_none() is not None
-    if existing and not won:
-        return False
+    ).one_or_none() is not None:
+        return False  # another writer settled it first
     result = await conn.execute(
         update(runs)
         .where(
@@ -462,7 +461,7 @@ async def settle_on(
         )
         .values(attempts=attempt, updated_at=now, **fields)
     )
-    return existing or result.rowcount == 1
+    return won or result.rowcount == 1
 
 
 async def close_run(engine: AsyncEngine, uid: str, attempt: int, status: str,
