@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agentrun.agents import snapshot_digest
 from agentrun.store.dialect import upsert_insert
+from agentrun.store.engine import autocommit
 from agentrun.store.schema import agent_snapshots, attempts, runs
 from agentrun.vocabulary import Reason
 
@@ -33,7 +34,7 @@ async def put_agent(engine: AsyncEngine, snapshot: Mapping[str, Any]) -> str:
 
 async def get_agent(engine: AsyncEngine, digest: str) -> dict[str, Any] | None:
     """The snapshot with this digest, or None."""
-    async with engine.connect() as conn:
+    async with autocommit(engine) as conn:
         found = (await conn.execute(select(agent_snapshots.c.snapshot).where(
             agent_snapshots.c.digest == digest))).scalar_one_or_none()
     return None if found is None else dict(found)

@@ -7,11 +7,14 @@ in the store is async, so URLs are normalised to the async driver of the same da
 
 from __future__ import annotations
 
+import select
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, exc
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 DEFAULT_POOL_SIZE = 3
 DEFAULT_MAX_OVERFLOW = 2
@@ -93,6 +96,27 @@ def _on_sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _closed_by_the_server(_dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+    """A pooled Postgres connection is checked before use without a round trip (where
+    SQLAlchemy's pool_pre_ping sends one on every checkout). A connection in the pool is
+    idle, so anything the server sent on it since is its last word: a shutdown's
+    "terminating connection", or the close itself. One poll of its socket; a connection
+    found so is replaced, as one failing a ping is (the pool tries a fresh one)."""
+    conn = record.driver_connection
+    try:
+        if conn is None or conn.closed or conn.broken:
+            raise exc.DisconnectionError("the connection is closed")
+        fd = conn.pgconn.socket
+    except exc.DisconnectionError:
+        raise
+    except Exception as e:  # psycopg: the connection has no socket any more
+        raise exc.DisconnectionError(f"the connection is unusable: {e}") from e
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
+    if poller.poll(0):
+        raise exc.DisconnectionError("the server closed the connection, or is closing it")
+
+
 def make_engine(
     url: str,
     pool_size: int = DEFAULT_POOL_SIZE,
@@ -107,16 +131,28 @@ def make_engine(
     target = async_url(url)
     backend = make_url(target).get_backend_name()
     options: dict[str, Any] = {"pool_size": pool_size, "max_overflow": max_overflow}
+    psycopg = backend == "postgresql" and make_url(target).get_driver_name() == "psycopg"
     if backend == "postgresql":
-        options["pool_pre_ping"] = True
         options["pool_recycle"] = 1800
+        options["pool_pre_ping"] = not psycopg  # psycopg's: _closed_by_the_server
     else:
         options["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
     options.update(kwargs)
     engine = create_async_engine(target, **options)
     if backend == "sqlite":
         event.listen(engine.sync_engine, "connect", _on_sqlite_connect)
+    elif psycopg:
+        event.listen(engine.sync_engine, "checkout", _closed_by_the_server)
     return engine
+
+
+@asynccontextmanager
+async def autocommit(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A connection whose every statement commits itself: no BEGIN, COMMIT or ROLLBACK
+    round trips. For a write that is one statement, or reads that need no snapshot
+    beyond each statement's own (a transaction at READ COMMITTED gives them no more)."""
+    async with engine.connect() as conn:
+        yield await conn.execution_options(isolation_level="AUTOCOMMIT")
 
 
 def is_sqlite(engine: AsyncEngine) -> bool:

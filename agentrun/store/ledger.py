@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import exists, or_, select, update
+from sqlalchemy import exists, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -158,15 +158,16 @@ async def ledger_on(conn: AsyncConnection, uid: str) -> list[LedgerEntry]:
         .where(tool_calls.c.run_uid == uid)
         .order_by(tool_calls.c.attempt, tool_calls.c.seq)
     )
-    return [
-        LedgerEntry(
-            attempt=r.attempt, seq=r.seq, tool=r.tool, call_id=r.call_id,
-            args_digest=r.args_digest, started_at=r.started_at,
-            finished_at=r.finished_at, outcome=r.outcome, effect=r.effect,
-            idempotency_key=r.idempotency_key, result=r.result,
-        )
-        for r in rows
-    ]
+    return [_entry(r) for r in rows]
+
+
+def _entry(r: Any) -> LedgerEntry:
+    return LedgerEntry(
+        attempt=r.attempt, seq=r.seq, tool=r.tool, call_id=r.call_id,
+        args_digest=r.args_digest, started_at=r.started_at, finished_at=r.finished_at,
+        outcome=r.outcome, effect=r.effect, idempotency_key=r.idempotency_key,
+        result=r.result,
+    )
 
 
 @dataclass(frozen=True)
@@ -265,55 +266,61 @@ class Counted:
     resumes_run_uid: str | None
 
 
-async def counted_on(conn: AsyncConnection, uid: str, attempt: int) -> Counted:
-    """tools_on, with what the attempt's row says it resumed (read in the same query)."""
-    rows = await conn.execute(
-        select(tool_calls.c.tool, tool_calls.c.call_id, tool_calls.c.started_at,
-               tool_calls.c.seq)
-        .where(tool_calls.c.run_uid == uid, tool_calls.c.attempt == attempt,
-               # Answered from the journal (it ran in an earlier attempt, not in this one) or
-               # denied by its approver: not run in this attempt.
-               or_(tool_calls.c.outcome.is_(None),
-                   tool_calls.c.outcome.not_in(LedgerOutcome.NOT_RUN)))
-        .order_by(tool_calls.c.seq)
-    )
-    ledgered = [_Call(r.tool, r.call_id, _epoch(r.started_at), r.seq) for r in rows]
-    where = (
-        await conn.execute(
+async def counted_on(conn: AsyncConnection, uid: str, attempt: int, *,
+                     ledger: Sequence[LedgerEntry] | None = None,
+                     waited: set[str] | None = None, row: Any = None) -> Counted:
+    """tools_on, with what the attempt's row says it resumed. What the caller read already
+    in its transaction is not read again: the run's `ledger`, the call ids of the
+    attempt that `waited` for a decision, the attempt's `row` (its session, invocation,
+    what it resumes)."""
+    if ledger is None:
+        ledger = await _attempt_ledger_on(conn, uid, attempt)
+    own = [e for e in ledger if e.attempt == attempt]
+    ledgered = [_Call(e.tool, e.call_id, _epoch(e.started_at), e.seq) for e in own
+                # Answered from the journal (it ran in an earlier attempt, not in this one)
+                # or denied by its approver: not run in this attempt.
+                if e.outcome is None or e.outcome not in LedgerOutcome.NOT_RUN]
+    if row is None:
+        row = (await conn.execute(
             select(attempts.c.app_name, attempts.c.user_id, attempts.c.session_id,
                    attempts.c.invocation_id, attempts.c.resumes_attempt,
                    attempts.c.resumes_run_uid, attempts.c.runner_started_at)
-            .where(attempts.c.run_uid == uid, attempts.c.attempt == attempt)
-        )
-    ).one_or_none()
+            .where(attempts.c.run_uid == uid, attempts.c.attempt == attempt))).one_or_none()
+    if waited is None:
+        # Calls of this attempt that waited for a decision: asked for (so in the session),
+        # never started in it. An approved one runs, and counts, in the attempt that
+        # follows.
+        waited = {r.call_id for r in await conn.execute(
+            select(approvals.c.call_id).where(approvals.c.run_uid == uid,
+                                              approvals.c.attempt == attempt))}
     session: list[_Call] = []
-    # Calls of this attempt that waited for a decision: asked for (so in the session), never
-    # started in it. An approved one runs, and counts, in the attempt that follows.
-    waited = {r.call_id for r in await conn.execute(
-        select(approvals.c.call_id).where(approvals.c.run_uid == uid,
-                                          approvals.c.attempt == attempt))}
     # No invocation recorded: the runner never reached its first model call (it
     # records the invocation before it), so the session holds no call of ours.
-    if where is not None and where.invocation_id is not None:
+    if row is not None and row.invocation_id is not None:
         session = await _session_calls(
-            conn, where.app_name, where.user_id, where.session_id, where.invocation_id
+            conn, row.app_name, row.user_id, row.session_id, row.invocation_id
         )
-        if where.resumes_attempt is not None:
+        if row.resumes_attempt is not None:
             # A resumed attempt continues the invocation of the one it resumes: only the
             # calls made since it started are its own.
-            since = _epoch(where.runner_started_at) if where.runner_started_at else 0.0
+            since = _epoch(row.runner_started_at) if row.runner_started_at else 0.0
             session = [c for c in session if c.at >= since]
             ledgered_ids = {c.call_id for c in ledgered}
-            journalled = {r.call_id for r in await conn.execute(
-                select(tool_calls.c.call_id).where(
-                    tool_calls.c.run_uid == uid, tool_calls.c.attempt == attempt,
-                    tool_calls.c.outcome == LedgerOutcome.JOURNAL))}
+            journalled = {e.call_id for e in own if e.outcome == LedgerOutcome.JOURNAL}
             session = [c for c in session
                        if c.call_id in ledgered_ids or c.call_id not in journalled]
     session = [c for c in session if c.call_id not in waited]
     return Counted(union_in_call_order(session, ledgered),
-                   where.resumes_attempt if where is not None else None,
-                   where.resumes_run_uid if where is not None else None)
+                   row.resumes_attempt if row is not None else None,
+                   row.resumes_run_uid if row is not None else None)
+
+
+async def _attempt_ledger_on(conn: AsyncConnection, uid: str, attempt: int
+                             ) -> list[LedgerEntry]:
+    rows = await conn.execute(
+        select(tool_calls).where(tool_calls.c.run_uid == uid, tool_calls.c.attempt == attempt)
+        .order_by(tool_calls.c.seq))
+    return [_entry(r) for r in rows]
 
 
 @dataclass(frozen=True)

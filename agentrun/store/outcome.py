@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import false, func, or_, select
+from sqlalchemy import false, func, null, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agentrun.store.dialect import upsert_insert
@@ -135,25 +135,30 @@ async def add_usage(engine: AsyncEngine, uid: str, attempt: int, model: str,
             usage.c.model == model))).scalar_one())
 
 
-async def _usage_of(conn: AsyncConnection, uid: str, before: int | None) -> Usage:
-    """The usage of run `uid`'s attempts (those before attempt `before`, if given)."""
+async def _usage_of(conn: AsyncConnection, uid: str, before: int | None, *,
+                    resumed: bool = False) -> tuple[Usage, str | None]:
+    """The usage of run `uid`'s attempts (those before attempt `before`, if given), and,
+    with `resumed`, the run whose journal it resumes: one statement."""
     where = [usage.c.run_uid == uid]
+    calls = [tool_calls.c.run_uid == uid,
+             or_(tool_calls.c.outcome.is_(None),
+                 tool_calls.c.outcome.not_in(LedgerOutcome.NOT_RUN))]
     if before is not None:
         where.append(usage.c.attempt < before)
+        calls.append(tool_calls.c.attempt < before)
+    of = select(attempts.c.resumes_run_uid).where(
+        attempts.c.run_uid == uid, attempts.c.resumes_run_uid.is_not(None)
+    ).order_by(attempts.c.attempt).limit(1).scalar_subquery() if resumed else null()
     row = (await conn.execute(select(
         func.coalesce(func.sum(usage.c.model_calls), 0),
         func.coalesce(func.sum(usage.c.input_tokens), 0),
         func.coalesce(func.sum(usage.c.output_tokens), 0),
         func.coalesce(func.sum(usage.c.cost_micro_usd), 0),
-        func.count().filter(~usage.c.priced)).where(*where))).one()
-    calls = [tool_calls.c.run_uid == uid,
-             or_(tool_calls.c.outcome.is_(None),
-                 tool_calls.c.outcome.not_in(LedgerOutcome.NOT_RUN))]
-    if before is not None:
-        calls.append(tool_calls.c.attempt < before)
-    tools = (await conn.execute(select(func.count()).where(*calls))).scalar_one()
-    return Usage(int(row[0]), int(tools), int(row[1]), int(row[2]),
-                 None if row[4] else int(row[3]))
+        func.count().filter(~usage.c.priced),
+        select(func.count()).where(*calls).scalar_subquery(),
+        of).where(*where))).one()
+    return Usage(int(row[0]), int(row[5]), int(row[1]), int(row[2]),
+                 None if row[4] else int(row[3])), row[6]
 
 
 async def run_usage(engine: AsyncEngine, uid: str, *, before_attempt: int | None = None
@@ -167,14 +172,10 @@ async def run_usage(engine: AsyncEngine, uid: str, *, before_attempt: int | None
 async def usage_on(conn: AsyncConnection, uid: str, *, before_attempt: int | None = None
                    ) -> Usage:
     """run_usage, read on `conn`."""
-    own = await _usage_of(conn, uid, before_attempt)
-    resumed = (await conn.execute(
-        select(attempts.c.resumes_run_uid).where(
-            attempts.c.run_uid == uid, attempts.c.resumes_run_uid.is_not(None))
-        .order_by(attempts.c.attempt).limit(1))).scalar_one_or_none()
+    own, resumed = await _usage_of(conn, uid, before_attempt, resumed=True)
     if resumed is None:
         return own
-    return (await _usage_of(conn, str(resumed), None)).plus(own)
+    return (await _usage_of(conn, str(resumed), None))[0].plus(own)
 
 
 async def usage_changed_since(engine: AsyncEngine, since: datetime) -> set[str]:

@@ -10,16 +10,19 @@ transaction of its own.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agentrun.ledger import LedgerEntry
 from agentrun.store.approvals import Approval, approvals_on
+from agentrun.store.engine import autocommit
 from agentrun.store.inputs import put_input_on
-from agentrun.store.ledger import ledger_on
+from agentrun.store.ledger import UNREADABLE, counted_on, ledger_on
 from agentrun.store.outcome import Result, Usage, result_on, usage_on
 from agentrun.store.runs import (
     Attempt,
@@ -27,9 +30,13 @@ from agentrun.store.runs import (
     attempt_on,
     record_run_on,
     run_on,
+    set_attempt_tools_on,
+    settle_attempt_on,
     settle_counting_on,
     settle_on,
+    settle_run_on,
     start_attempt_on,
+    with_resumed_on,
 )
 from agentrun.store.sessions import SessionClaim, claim_session_on
 
@@ -52,8 +59,10 @@ async def run_state(engine: AsyncEngine, uid: str, attempt: int, *, previous: bo
                     usage: bool = False) -> RunState:
     """Run `uid` and its attempt `attempt`, and as asked: the attempt before (`previous`),
     its calls that waited for a decision (`approvals`), what a settled run publishes
-    (`published`: ledger, answer and usage), or its usage alone (`usage`)."""
-    async with engine.connect() as conn:
+    (`published`: ledger, answer and usage), or its usage alone (`usage`). Outside a
+    transaction (each statement sees what is committed when it runs, as it would inside
+    one at READ COMMITTED): no BEGIN and ROLLBACK around the reads."""
+    async with autocommit(engine) as conn:
         return await run_state_on(conn, uid, attempt, previous=previous, approvals=approvals,
                                   published=published, usage=usage)
 
@@ -62,13 +71,20 @@ async def run_state_on(conn: AsyncConnection, uid: str, attempt: int, *,
                        previous: bool = False, approvals: bool = False,
                        published: bool = False, usage: bool = False) -> RunState:
     """run_state on `conn`, in the caller's transaction."""
-    return RunState(
-        run=await run_on(conn, uid),
-        attempt=await attempt_on(conn, uid, attempt),
+    return await _rest_on(conn, uid, attempt, RunState(
+        run=await run_on(conn, uid), attempt=await attempt_on(conn, uid, attempt),
+        approvals=tuple(await approvals_on(conn, uid)) if approvals else (),
+        ledger=tuple(await ledger_on(conn, uid)) if published else None),
+        previous=previous, published=published, usage=usage)
+
+
+async def _rest_on(conn: AsyncConnection, uid: str, attempt: int, state: RunState, *,
+                   previous: bool, published: bool, usage: bool) -> RunState:
+    """`state` with the attempt before, the answer and the usage, as asked."""
+    return dataclasses.replace(
+        state,
         previous=await attempt_on(conn, uid, attempt - 1)
         if previous and attempt > 1 else None,
-        approvals=tuple(await approvals_on(conn, uid)) if approvals else (),
-        ledger=tuple(await ledger_on(conn, uid)) if published else None,
         result=await result_on(conn, uid) if published else None,
         usage=await usage_on(conn, uid) if published or usage else None)
 
@@ -78,12 +94,27 @@ async def settle_then_state(engine: AsyncEngine, uid: str, attempt: int, status:
                             previous: bool = False, approvals: bool = False,
                             published: bool = False, usage: bool = False
                             ) -> RunState | None:
-    """The fence, then what it leaves, on one connection: attempt `attempt` settled (first
-    writer wins; its tools counted when `count`, as settle_counting does, else none) and
-    committed, then the run as run_state reads it. One checkout where an eviction took two
-    before its status could be written. Raises if the settle failed; None if only the
-    read after it did (the fence stands)."""
+    """The fence, then what it leaves: attempt `attempt` settled (first writer wins; its
+    tools counted when `count`, as settle_counting does, else none), then the run as
+    run_state reads it. One transaction on one checkout, each row read once: the ledger
+    and the approvals that count the tools are those the run then shows, the rows the
+    settle writes come back from its own statements. Raises if the settle failed; None
+    if only the read after it did (the fence stands).
+
+    Anything in that transaction unreadable (an ADK table not there yet, say) rolls it
+    back, and the careful path follows on the same connection: the settle with its count
+    in a savepoint (the attempt settled, tools unknown, when the count cannot be read),
+    committed, then the reads."""
     async with engine.connect() as conn:
+        try:
+            async with conn.begin():
+                return await _settled_state_on(
+                    conn, uid, attempt, status, reason, message, count=count,
+                    previous=previous, approvals=approvals, published=published,
+                    usage=usage)
+        except UNREADABLE:
+            if conn.invalidated:
+                raise
         async with conn.begin():
             if count:
                 await settle_counting_on(conn, uid, attempt, status, reason, message)
@@ -94,6 +125,35 @@ async def settle_then_state(engine: AsyncEngine, uid: str, attempt: int, status:
                                       approvals=approvals, published=published, usage=usage)
         except Exception:  # the caller reads again, and knows it does not know
             return None
+
+
+async def _settled_state_on(conn: AsyncConnection, uid: str, attempt: int, status: str,
+                            reason: str | None, message: str | None, *, count: bool,
+                            previous: bool, approvals: bool, published: bool, usage: bool
+                            ) -> RunState:
+    """settle_then_state's one transaction, on `conn`: the attempt's row settled first (the
+    row lock that fences the ledger), then the run's ledger, approvals and session read
+    (the count), the tools written, the run's row settled."""
+    ended = dict(status=status, reason=reason, message=message, finished_at=datetime.now(UTC))
+    row = await settle_attempt_on(conn, uid, attempt, ended, tools=None if count else [])
+    if row is None and await attempt_on(conn, uid, attempt) is not None:
+        # Another writer settled it first: their account stands, read as it is.
+        return await run_state_on(conn, uid, attempt, previous=previous,
+                                  approvals=approvals, published=published, usage=usage)
+    ledger = tuple(await ledger_on(conn, uid)) if count or published else None
+    asked = tuple(await approvals_on(conn, uid)) if count or approvals else ()
+    tools: list[str] | None = []
+    if count:
+        counted = await counted_on(conn, uid, attempt, ledger=ledger, row=row, waited={
+            a.call_id for a in asked if a.attempt == attempt})
+        tools = await with_resumed_on(conn, uid, counted)
+        if row is not None:
+            row = await set_attempt_tools_on(conn, uid, attempt, tools)
+    run = await settle_run_on(conn, uid, attempt, ended, tools, won=row is not None)
+    return await _rest_on(conn, uid, attempt, RunState(
+        run=run, attempt=row, approvals=asked if approvals else (),
+        ledger=ledger if published else None),
+        previous=previous, published=published, usage=usage)
 
 
 @dataclass(frozen=True)

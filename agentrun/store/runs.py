@@ -20,7 +20,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agentrun.attempt import AttemptIdentity
 from agentrun.store.dialect import upsert_insert
-from agentrun.store.ledger import UNREADABLE, AttemptSettled, counted_on
+from agentrun.store.engine import autocommit
+from agentrun.store.ledger import UNREADABLE, AttemptSettled, Counted, counted_on
 from agentrun.store.schema import attempts, runs
 from agentrun.store.sessions import session_app
 from agentrun.vocabulary import RunStatus
@@ -251,8 +252,9 @@ async def start_attempt_on(
 
 
 async def record_pod(engine: AsyncEngine, uid: str, attempt: int, pod_uid: str) -> None:
-    """The attempt's pod exists (created, or found ours after a lost answer)."""
-    async with engine.begin() as conn:
+    """The attempt's pod exists (created, or found ours after a lost answer): one
+    statement, committed by itself."""
+    async with autocommit(engine) as conn:
         await conn.execute(
             update(attempts).where(*_attempt_key(uid, attempt), attempts.c.pod_uid.is_(None))
             .values(pod_uid=pod_uid))
@@ -336,7 +338,7 @@ async def record_outcome(
 
 async def get_outcome(engine: AsyncEngine, uid: str, attempt: int) -> Outcome | None:
     """What the runner reported for this attempt, or None if it reported nothing."""
-    async with engine.connect() as conn:
+    async with autocommit(engine) as conn:
         result = await conn.execute(select(attempts).where(*_attempt_key(uid, attempt)))
         row = result.one_or_none()
     return None if row is None else _outcome(row)
@@ -399,18 +401,7 @@ async def settle_counting_on(conn: AsyncConnection, uid: str, attempt: int, stat
     tools: list[str] | None
     try:
         async with conn.begin_nested():
-            counted = await counted_on(conn, uid, attempt)
-            # A resumed attempt's calls come after those of the attempt it resumed:
-            # the run's toolsExecuted is every call that really ran, across them.
-            # (No attempt row: refused before its pod, nothing resumed.)
-            tools = counted.tools
-            resumed, elsewhere = counted.resumes_attempt, counted.resumes_run_uid
-            # (A replay run resuming its original's fork counts only its own calls.)
-            if resumed is not None and elsewhere is None:
-                before = (await conn.execute(
-                    select(attempts.c.tools_executed).where(*_attempt_key(uid, resumed))
-                )).scalar_one_or_none()
-                tools = None if before is None else [*before, *tools]
+            tools = await with_resumed_on(conn, uid, await counted_on(conn, uid, attempt))
     except UNREADABLE:
         tools = None
     if tools is not None:
@@ -425,6 +416,21 @@ async def settle_counting_on(conn: AsyncConnection, uid: str, attempt: int, stat
     return Settled(True, tools)
 
 
+async def with_resumed_on(conn: AsyncConnection, uid: str, counted: Counted
+                          ) -> list[str] | None:
+    """The tools an attempt's end publishes: its own calls, after those of the attempt it
+    resumed (the run's toolsExecuted is every call that really ran, across them); None
+    when the resumed attempt's are unknown. (No attempt row: refused before its pod,
+    nothing resumed. A replay run resuming its original's fork counts only its own.)"""
+    resumed, elsewhere = counted.resumes_attempt, counted.resumes_run_uid
+    if resumed is None or elsewhere is not None:
+        return counted.tools
+    before = (await conn.execute(
+        select(attempts.c.tools_executed).where(*_attempt_key(uid, resumed))
+    )).scalar_one_or_none()
+    return None if before is None else [*before, *counted.tools]
+
+
 async def settle_on(
     conn: AsyncConnection,
     uid: str,
@@ -434,34 +440,64 @@ async def settle_on(
     message: str | None,
     tools: list[str] | None,
 ) -> bool:
-    now = _now()
-    fields = dict(
-        status=status, reason=reason, message=message, tools_executed=tools, finished_at=now
-    )
+    ended = dict(status=status, reason=reason, message=message, finished_at=_now())
     # The live attempt's row is settled (the common case: one statement); when none was
     # settled, whether the row exists says if another writer won or no attempt was ever
     # written down (a run refused before its pod: the run's row alone).
-    won = (
-        await conn.execute(
-            update(attempts)
-            .where(*_attempt_key(uid, attempt), attempts.c.status.in_(RunStatus.LIVE))
-            .values(**fields)
-        )
-    ).rowcount == 1
+    won = await settle_attempt_on(conn, uid, attempt, ended, tools) is not None
     if not won and (
         await conn.execute(select(attempts.c.status).where(*_attempt_key(uid, attempt)))
     ).one_or_none() is not None:
         return False  # another writer settled it first
-    result = await conn.execute(
-        update(runs)
-        .where(
-            runs.c.uid == uid,
-            runs.c.attempts <= attempt,
-            runs.c.status.in_(RunStatus.LIVE),
-        )
-        .values(attempts=attempt, updated_at=now, **fields)
-    )
+    result = await conn.execute(_settle_run(uid, attempt, ended, tools))
     return won or result.rowcount == 1
+
+
+async def settle_attempt_on(conn: AsyncConnection, uid: str, attempt: int,
+                            ended: Mapping[str, Any], tools: list[str] | None
+                            ) -> Attempt | None:
+    """The attempt's row settled (`ended`: status, reason, message, finished_at) if it is
+    still live: the row lock of the fence. Returns the row as written, or None (settled
+    by another writer, or never written)."""
+    row = (await conn.execute(
+        update(attempts)
+        .where(*_attempt_key(uid, attempt), attempts.c.status.in_(RunStatus.LIVE))
+        .values(tools_executed=tools, **ended).returning(*attempts.c)
+    )).one_or_none()
+    return None if row is None else _attempt(row)
+
+
+async def set_attempt_tools_on(conn: AsyncConnection, uid: str, attempt: int,
+                               tools: list[str] | None) -> Attempt | None:
+    """The settled attempt's tools, once counted; returns its row as written."""
+    row = (await conn.execute(
+        update(attempts).where(*_attempt_key(uid, attempt)).values(tools_executed=tools)
+        .returning(*attempts.c)
+    )).one_or_none()
+    return None if row is None else _attempt(row)
+
+
+async def settle_run_on(conn: AsyncConnection, uid: str, attempt: int,
+                        ended: Mapping[str, Any], tools: list[str] | None, *, won: bool
+                        ) -> Run | None:
+    """The run's row settled with its attempt `attempt` (`ended`, and its tools) if it is
+    still live at that attempt or before; when this writer `won` the attempt's row and
+    the run's was ended already (closed while it waited), its tools at least. Returns the
+    run's row as it is after."""
+    row = (await conn.execute(_settle_run(uid, attempt, ended, tools).returning(*runs.c))
+           ).one_or_none()
+    if row is None and won and tools is not None:
+        row = (await conn.execute(
+            update(runs).where(runs.c.uid == uid, runs.c.attempts == attempt)
+            .values(tools_executed=tools).returning(*runs.c))).one_or_none()
+    return _run(row) if row is not None else await run_on(conn, uid)
+
+
+def _settle_run(uid: str, attempt: int, ended: Mapping[str, Any], tools: list[str] | None
+                ) -> Any:
+    return update(runs).where(
+        runs.c.uid == uid, runs.c.attempts <= attempt, runs.c.status.in_(RunStatus.LIVE)
+    ).values(attempts=attempt, updated_at=ended["finished_at"], tools_executed=tools, **ended)
 
 
 async def close_run(engine: AsyncEngine, uid: str, attempt: int, status: str,
@@ -503,7 +539,7 @@ async def set_tools_executed(
 
 
 async def get_run(engine: AsyncEngine, uid: str) -> Run | None:
-    async with engine.connect() as conn:
+    async with autocommit(engine) as conn:
         return await run_on(conn, uid)
 
 
@@ -516,7 +552,7 @@ async def run_on(conn: AsyncConnection, uid: str) -> Run | None:
 async def ensure_live(engine: AsyncEngine, uid: str, attempt: int) -> None:
     """Raises AttemptSettled once the operator settled the attempt (one never written
     passes): the store API's liveness check, one primary-key read."""
-    async with engine.connect() as conn:
+    async with autocommit(engine) as conn:
         status = (await conn.execute(
             select(attempts.c.status).where(*_attempt_key(uid, attempt))
         )).scalar_one_or_none()
@@ -526,7 +562,7 @@ async def ensure_live(engine: AsyncEngine, uid: str, attempt: int) -> None:
 
 
 async def get_attempt(engine: AsyncEngine, uid: str, attempt: int) -> Attempt | None:
-    async with engine.connect() as conn:
+    async with autocommit(engine) as conn:
         return await attempt_on(conn, uid, attempt)
 
 
@@ -542,7 +578,7 @@ async def attempt_identity(engine: AsyncEngine, uid: str,
     """Who attempt `attempt` of run `uid` is, as the operator wrote it down (its run, pod
     and session never change once written), and its status when read (for the store
     API); None when the store has no record of it."""
-    async with engine.connect() as conn:
+    async with autocommit(engine) as conn:
         row = (await conn.execute(
             select(runs.c.namespace, runs.c.name, runs.c.agent, runs.c.user_id,
                    runs.c.input_digest, attempts.c.pod_name, attempts.c.app_name,

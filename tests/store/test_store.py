@@ -194,6 +194,76 @@ def test_tools_executed_unions_ledger_and_session_in_call_order(pg_store: str) -
         (1, 1, "send_email"), (1, 3, "send_email")]
 
 
+def test_the_settle_reads_what_it_counts_once_and_counts_as_tools_executed(
+        pg_store: str) -> None:
+    """settle_then_state counts from the ledger and session rows it then shows (one read
+    of each), with the same answer as tools_executed; when the session cannot be read,
+    the attempt is settled all the same, its tools unknown (None), never []."""
+    run = prepare_run(pg_store, "fence-1")
+    assert run_runner(run, [
+        {"call": "send_email", "args": EMAIL},
+        {"call": "update_crm", "args": {"customer": "42", "status": "open"}},
+        {"text": "Done."},
+    ]).returncode == 0
+    counted = query(pg_store, lambda e: store.tools_executed(e, run.uid, 1))
+    assert counted == ["send_email", "update_crm"]
+
+    def settle(uid: str) -> store.RunState | None:
+        return query(pg_store, lambda e: store.settle_then_state(
+            e, uid, 1, RunStatus.FAILED, "Evicted", "evicted", count=True, approvals=True,
+            published=True))
+
+    state = settle(run.uid)
+    assert state is not None and state.run is not None and state.attempt is not None
+    assert state.attempt.tools_executed == state.run.tools_executed == counted
+    assert (state.run.status, state.attempt.status) == (RunStatus.FAILED, RunStatus.FAILED)
+    assert state.ledger is not None and [x.tool for x in state.ledger] == counted
+    assert state.usage is not None and state.usage.tool_calls == 2
+    assert state.result is not None and state.result.text == "Done."
+    # As run_state reads it afterwards.
+    assert query(pg_store, lambda e: store.run_state(
+        e, run.uid, 1, approvals=True, published=True)) == state
+
+    hidden = prepare_run(pg_store, "fence-2")
+    assert run_runner(hidden, [{"call": "send_email", "args": EMAIL},
+                               {"text": "Sent."}]).returncode == 0
+
+    async def hide_events(engine: AsyncEngine) -> None:
+        async with engine.begin() as conn:
+            await conn.execute(text("ALTER TABLE events RENAME TO events_hidden"))
+
+    query(pg_store, hide_events)
+    state = settle(hidden.uid)
+    assert state is not None and state.run is not None and state.attempt is not None
+    assert (state.attempt.status, state.attempt.tools_executed) == (RunStatus.FAILED, None)
+    assert (state.run.status, state.run.tools_executed) == (RunStatus.FAILED, None)
+    assert state.ledger is not None and [x.tool for x in state.ledger] == ["send_email"]
+
+
+def test_a_pooled_connection_the_server_closed_is_replaced_before_use(
+        pg_store: str) -> None:
+    """No ping per checkout: a pooled connection whose backend the server ended (a restart,
+    pg_terminate_backend) is found by its socket and replaced; the query runs."""
+
+    async def go(e: AsyncEngine) -> None:
+        async def backend() -> int:
+            async with e.connect() as conn:
+                return int((await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one())
+
+        first = await backend()
+        other = store.make_engine(pg_store)
+        try:  # another client ends the first connection's backend while it is pooled
+            async with other.connect() as conn:
+                assert (await conn.execute(
+                    text(f"SELECT pg_terminate_backend({first})"))).scalar_one()
+        finally:
+            await other.dispose()
+        await asyncio.sleep(0.5)  # the server's close reaches the idle socket
+        assert await backend() != first
+
+    query(pg_store, go)
+
+
 def test_memory_is_scoped_per_agent_and_user(any_store: str) -> None:
     def entry(words: str) -> MemoryEntry:
         return MemoryEntry(author="user", content=types.Content(
