@@ -9,10 +9,15 @@ its Secrets exist; Stalled, with the reason, when not. A change of any Agent que
 Agent of its namespace (a parent's digest covers its sub-agents); an Agent waiting for a
 Secret is looked at again every AGENT_RECHECK seconds (Secrets are not watched).
 
-At a run's launch, `pin` resolves the Agent the run names from the API server itself (not
-from the watch's cache: an Agent created or changed just before the run counts), snapshots
-it in the store and returns the digest the run records, or the refusal (also a run whose
-spec.tools loosens the chart's policy or the Agents' effects: PolicyViolation). A replay
+At a run's launch, `pin` resolves the Agent the run names from a list the API server
+answered after the run was created (not from the watch's cache, which may lag: an Agent
+created or changed just before the run counts), snapshots it in the store and returns the
+digest the run records, or the refusal (also a run whose spec.tools loosens the chart's
+policy or the Agents' effects: PolicyViolation). A list serves every launch of a run
+created before it was answered: its resourceVersion is not older than the run's (the API
+server's resourceVersions are etcd's revisions, one order for every write of the
+cluster), so it holds every Agent written before that run; a burst of runs in a namespace
+costs a list now and then, not one per run. A replay
 (and so a manual resume) pins its original's snapshot, found through the store's record of
 the original, never through anything a user could edit.
 """
@@ -98,6 +103,27 @@ def _specs(listed: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
             if not (a.get("metadata") or {}).get("deletionTimestamp")}
 
 
+async def agents_for(ctx: Context, run: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The specs of the Agents of run `run`'s namespace, by name, from a list of the API
+    server whose resourceVersion is not older than the run's (see the module docstring):
+    the newest list kept for the namespace if it is, else a list now (kept if newer)."""
+    meta = run["metadata"]
+    namespace = meta["namespace"]
+    try:
+        version = int(meta.get("resourceVersion") or 0)
+    except ValueError:  # not a number: no order to rely on, so a list every time
+        version = 0
+    kept = ctx.agent_lists.get(namespace)
+    if version and kept is not None and kept[0] >= version:
+        return kept[1]
+    listed, listed_at = await ctx.kube.list_agents(namespace)
+    specs = _specs(listed)
+    kept = ctx.agent_lists.get(namespace)  # another launch may have listed meanwhile
+    if listed_at and (kept is None or listed_at > kept[0]):
+        ctx.agent_lists[namespace] = (listed_at, specs)
+    return specs
+
+
 async def missing_secrets(kube: Kube, namespace: str,
                           refs: Sequence[agents.SecretRef]) -> list[str]:
     """The Secrets (or keys) the headers name that are not there, one phrase each."""
@@ -140,7 +166,8 @@ async def reconcile_agent(ctx: Context, namespace: str, name: str) -> float | No
     if agent is None:
         return None
     specs = ({n: dict(a.get("spec") or {}) for (ns, n), a in ctx.agents.items()
-              if ns == namespace} if cached else _specs(await ctx.kube.list_agents(namespace)))
+              if ns == namespace} if cached else
+             _specs((await ctx.kube.list_agents(namespace))[0]))
     specs[name] = dict(agent.get("spec") or {})
     resolution = agents.resolve(name, specs, namespace)
     missing = await missing_secrets(ctx.kube, namespace, agents.secret_refs(
@@ -199,8 +226,8 @@ async def pin(ctx: Context, run: Mapping[str, Any]) -> Pin:
                 "run store: a replay runs only the definition its original ran. No pod was "
                 "started.")))
         return Pin(digest)
-    # One list at launch: the Agent and its sub-agents as they are now, at one version.
-    specs = _specs(await ctx.kube.list_agents(namespace))
+    # One list: the Agent and its sub-agents at one version, not older than the run.
+    specs = await agents_for(ctx, run)
     if name not in specs:
         return Pin(None)  # a directory of the runner image, as before Agents existed
     resolution = agents.resolve(name, specs, namespace)

@@ -60,6 +60,11 @@ class Context:
     # then, a schedule asks the API server for its runs before it starts one.
     schedule_runs_listed: bool = False
     agents: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    # The newest list of each namespace's Agents a launch asked the API server for, by the
+    # list's resourceVersion: it serves the launches of runs created before it was answered
+    # (agents.agents_for).
+    agent_lists: dict[str, tuple[int, dict[str, dict[str, Any]]]] = field(
+        default_factory=dict)
     # AgentRunTriggers: their status is written here, and their runs are kept at least
     # their dedupeWindowSeconds (ttl.dedupe_left).
     triggers: dict[Key, dict[str, Any]] = field(default_factory=dict)

@@ -165,18 +165,20 @@ class Kube:
         return (list(listed.get("items") or []),
                 int((listed.get("metadata") or {}).get("resourceVersion") or 0))
 
-    async def list_agents(self, namespace: str) -> list[dict[str, Any]]:
+    async def list_agents(self, namespace: str) -> tuple[list[dict[str, Any]], int]:
         """The Agents of a namespace, as they are now (none where the kind is not served:
-        an install from before Agents)."""
+        an install from before Agents), and the list's resourceVersion (0: unknown)."""
         try:
             response = await asyncio.to_thread(
                 self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace,
                 AGENT_PLURAL, _preload_content=False)
         except ApiException as e:
             if e.status == 404:
-                return []
+                return [], 0
             raise
-        return list(_json(response).get("items") or [])
+        listed = _json(response)
+        return (list(listed.get("items") or []),
+                int((listed.get("metadata") or {}).get("resourceVersion") or 0))
 
     async def secret_keys(self, namespace: str, name: str) -> set[str] | None:
         """The keys of a Secret (None: it does not exist); its values are not kept."""

@@ -224,6 +224,49 @@ def test_a_replay_runs_the_agent_its_original_ran_and_a_new_run_the_agent_as_it_
         assert (len(v1.calls()), len(v2.calls())) == (2, 1)
 
 
+def test_a_launch_pins_the_agent_written_just_before_its_run_and_a_list_serves_a_burst(
+        system: System, namespace: str, crm: CrmServer) -> None:
+    """A launch resolves the Agent from a list the API server answered after its run was
+    created: a list serves the runs created before it (no list per run in a burst), and a
+    run created after an Agent changed, without waiting for the Agent's status, is
+    launched with the change."""
+    import asyncio
+
+    from agentrun_operator.agents import pin
+
+    before, after = triage(crm.url), triage(crm.url, instruction="Be brief.")
+    system.apply(in_namespace(before, namespace))  # its status is not waited for
+    for name in ("first", "second"):
+        system.apply(in_namespace(agent_run(name, [{"text": "done"}], agent="triage"),
+                                  namespace))
+    first, second = system.run(namespace, "first"), system.run(namespace, "second")
+
+    async def launches(ctx: Any) -> tuple[list[str | None], int, int]:
+        lists: list[str] = []
+        listing = ctx.kube.list_agents
+
+        async def counted(ns: str) -> Any:
+            lists.append(ns)
+            return await listing(ns)
+
+        ctx.kube.list_agents = counted
+        pinned = [(await pin(ctx, first)).digest, (await pin(ctx, second)).digest]
+        burst = len(lists)
+        await asyncio.to_thread(system.apply, in_namespace(after, namespace))
+        await asyncio.to_thread(system.apply, in_namespace(
+            agent_run("third", [{"text": "done"}], agent="triage"), namespace))
+        third = await asyncio.to_thread(system.run, namespace, "third")
+        pinned.append((await pin(ctx, third)).digest)
+        return pinned, burst, len(lists)
+
+    pinned, burst, total = as_operator(system, launches)
+    old = agents.resolve("triage", {"triage": before["spec"]}, namespace).digest
+    new = agents.resolve("triage", {"triage": after["spec"]}, namespace).digest
+    assert old is not None and new is not None and old != new
+    assert pinned == [old, old, new]
+    assert (burst, total) == (1, 2)  # the second run took the first's list; the third, its own
+
+
 def test_a_run_uses_only_its_own_namespaces_agents(
         system: System, namespace: str, crm: CrmServer) -> None:
     other = f"{namespace}-other"
