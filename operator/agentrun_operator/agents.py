@@ -115,12 +115,12 @@ async def agents_for(ctx: Context, run: Mapping[str, Any]) -> dict[str, dict[str
         version = 0
     kept = ctx.agent_lists.get(namespace)
     if version and kept is not None and kept[0] >= version:
-        return kept[1]
+        return dict(kept[1])  # a copy: what the caller does with it stays out of the list
     listed, listed_at = await ctx.kube.list_agents(namespace)
     specs = _specs(listed)
     kept = ctx.agent_lists.get(namespace)  # another launch may have listed meanwhile
     if listed_at and (kept is None or listed_at > kept[0]):
-        ctx.agent_lists[namespace] = (listed_at, specs)
+        ctx.agent_lists[namespace] = (listed_at, dict(specs))
     return specs
 
 

@@ -62,7 +62,8 @@ class Context:
     agents: dict[Key, dict[str, Any]] = field(default_factory=dict)
     # The newest list of each namespace's Agents a launch asked the API server for, by the
     # list's resourceVersion: it serves the launches of runs created before it was answered
-    # (agents.agents_for).
+    # (agents.agents_for). Dropped when an Agent of the namespace changes (the next launch
+    # there lists again) and when the namespace is gone.
     agent_lists: dict[str, tuple[int, dict[str, dict[str, Any]]]] = field(
         default_factory=dict)
     # AgentRunTriggers: their status is written here, and their runs are kept at least

@@ -296,6 +296,8 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
         # A parent's digest covers its sub-agents, and a deleted sub-agent makes its parent
         # invalid: every Agent of the namespace is looked at again (they are few).
         namespace = body.metadata.namespace or ""
+        # A launch from now on takes the Agents as they are now, not a list made before.
+        ctx.agent_lists.pop(namespace, None)
         for (ns, name) in list(ctx.agents):
             if ns == namespace:
                 ctx.queue.add(("agent", ns, name))

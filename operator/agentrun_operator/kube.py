@@ -162,8 +162,8 @@ class Kube:
             self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, RUN_PLURAL,
             label_selector=label_selector, _preload_content=False)
         listed = _json(response)
-        return (list(listed.get("items") or []),
-                int((listed.get("metadata") or {}).get("resourceVersion") or 0))
+        version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+        return list(listed.get("items") or []), int(version) if version.isdigit() else 0
 
     async def list_agents(self, namespace: str) -> tuple[list[dict[str, Any]], int]:
         """The Agents of a namespace, as they are now (none where the kind is not served:

@@ -33,6 +33,8 @@ async def look(ctx: Context, watched: Callable[[str], bool]) -> None:
                   ctx.agents):
         _drop(ctx, cache, [k for k, obj in cache.items() if watched(k[0])
                            and k[0] not in existing and _version(obj) <= version])
+    for gone in [ns for ns in ctx.agent_lists if watched(ns) and ns not in existing]:
+        ctx.agent_lists.pop(gone, None)  # made again since: its next launch lists anew
     for namespace in sorted(ns for ns in terminating if watched(ns)):
         listed, version = await ctx.kube.list_runs_versioned(namespace)
         names = {r["metadata"]["name"] for r in listed}

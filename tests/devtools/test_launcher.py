@@ -81,6 +81,10 @@ def test_stopping_a_child_that_ended_leaves_a_group_that_took_its_number_alone(
     another process's group, as a wrap would."""
     child = Child("short", ["sh", "-c", "exit 0"], tmp_path / "short.log")
     assert child.process.wait(10) == 0
+    # A start time is counted in clock ticks (10 ms): a number given again after a wrap
+    # goes to a process started ticks later, never in the same one. Started in the same
+    # tick, the two could not be told apart (the test failed so, once, on a loaded machine).
+    time.sleep(3 / os.sysconf("SC_CLK_TCK"))
     other = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         child.process.pid = other.pid  # the number, given again to another group's leader
