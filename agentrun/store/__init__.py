@@ -62,6 +62,9 @@ The operator's read and write of a sync (run_state.py)
         -> SessionClaim: [input snapshot, run row,] session claim and, when granted, the
         attempt's row, in one transaction
     await record_launch(engine, record, snapshot=None)   the run (and its input) alone
+    await warm(engine) -> bool   the statements of an eviction's sync run once, on a run
+        written in a transaction rolled back (the first eviction after a start then costs
+        what the later ones do)
 
 Tools
     await tools_executed(engine, uid, attempt) -> list[str] | None
@@ -198,6 +201,7 @@ from agentrun.store.run_state import (
     record_launch,
     run_state,
     settle_then_state,
+    warm,
 )
 from agentrun.store.runs import (
     Attempt,
@@ -333,4 +337,5 @@ __all__ = [
     "transcript_facts_after",
     "transcript_summary",
     "usage_changed_since",
+    "warm",
 ]

@@ -132,6 +132,12 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
         # again) than the statements it ran.
         ctx = memo.ctx = Context(config=config, engine=store.make_engine(
             config.database_url, pool_size=config.workers + 2, max_overflow=0), kube=kube)
+        # The statements of an eviction's sync, compiled before the first eviction needs them.
+        try:
+            await store.warm(ctx.engine)
+        except (SQLAlchemyError, OSError, TimeoutError) as e:  # that eviction compiles them
+            metrics.STORE_ERRORS.labels("warm").inc()
+            log.warning("event=store-warm-failed error=%r", e)
         # Read at scrape time, in the server's thread: a copy in one step (no iteration
         # of a dict the event loop changes meanwhile).
         metrics.watch(lambda: list(ctx.runs.values()), lambda: len(ctx.queue))

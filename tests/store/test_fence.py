@@ -40,6 +40,35 @@ def test_no_tool_starts_after_settle(any_store: str) -> None:
     query(any_store, go)
 
 
+def test_warming_runs_an_evictions_statements_and_leaves_nothing(any_store: str) -> None:
+    """store.warm runs what an eviction's sync runs (run_state, then the fence with its
+    count and what the run then shows) on a run of its own, in a transaction rolled back:
+    the eviction that follows compiles no statement of its own, and the store holds
+    nothing of the warm-up."""
+
+    async def go(e: AsyncEngine) -> None:
+        await _attempt(e, "w1")
+        await store.open_call(e, "w1", 1, 1, "send_email", "c1", store.args_digest({}))
+        assert await store.warm(e)
+        compiled = dict(e.sync_engine._compiled_cache)  # type: ignore[arg-type]
+        assert compiled  # the cache this test reads is the one SQLAlchemy fills
+        # The operator's sync of an evicted run: its reads, then the fence.
+        before = await store.run_state(e, "w1", 1, approvals=True)
+        assert before.attempt is not None and before.attempt.status in RunStatus.LIVE
+        state = await store.settle_then_state(e, "w1", 1, RunStatus.FAILED, "Evicted", "x",
+                                              count=True, approvals=True, published=True)
+        assert state is not None and state.run is not None
+        assert (state.run.status, state.run.tools_executed) == (RunStatus.FAILED,
+                                                                ["send_email"])
+        assert set(e.sync_engine._compiled_cache) == set(compiled)  # type: ignore[arg-type]
+        async with e.connect() as conn:
+            for table in ("runs", "attempts"):
+                assert (await conn.execute(text(f"SELECT count(*) FROM {table}"))
+                        ).scalar_one() == 1, table
+
+    query(any_store, go)
+
+
 def test_the_fence_and_what_it_leaves_are_read_on_one_connection(any_store: str) -> None:
     """settle_then_state: the settle commits first (the fence holds whatever the read
     after it does), then the run reads as run_state reads it, the settle's count in it."""
