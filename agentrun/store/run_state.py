@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agentrun.ledger import LedgerEntry
@@ -38,6 +39,7 @@ from agentrun.store.runs import (
     start_attempt_on,
     with_resumed_on,
 )
+from agentrun.store.schema import attempts
 from agentrun.store.sessions import SessionClaim, claim_session_on
 from agentrun.vocabulary import RunStatus
 
@@ -163,26 +165,41 @@ _WARM_UID = "agentrun-warm-up"
 
 async def warm(engine: AsyncEngine) -> bool:
     """Runs the statements of an eviction's sync once, on a run of its own written in a
-    transaction that is rolled back: run_state's reads, then the fence with its count and
-    what the run then shows (settle_then_state). SQLAlchemy compiles a statement's SQL the
-    first time it runs and keeps it: without this, the first eviction after a start pays
-    for that (about twice the CPU of the settle itself, on a 2-core machine). Nothing is
-    left in the store. Returns whether every statement ran; False when one could not (the
-    session's tables not there yet, say: the rest still ran, and is kept compiled)."""
+    transaction that is rolled back: run_state's reads, then the fence with its count
+    (the attempt's session events included) and what the run then shows
+    (settle_then_state). SQLAlchemy compiles a statement's SQL the first time it runs and
+    keeps it: without this, the first eviction after a start pays for that (20 ms of CPU
+    for a settle that costs 8 once compiled, on a 2-core machine). Nothing is left in the
+    store.
+
+    Returns False when the session's events could not be read (ADK creates its tables
+    when the first runner starts): the same sync then runs again without them, and the
+    first eviction of a run that reached a model call compiles that one read. Raises
+    what else the store raises."""
+    try:
+        await _warm(engine, invocation=True)
+        return True
+    except UNREADABLE:
+        await _warm(engine, invocation=False)
+        return False
+
+
+async def _warm(engine: AsyncEngine, *, invocation: bool) -> None:
     async with engine.connect() as conn:
         transaction = await conn.begin()
         try:
             await record_run_on(conn, _WARM_UID, "agentrun-warm-up", "warm-up", "warm-up",
                                 "warm-up", "warm-up", None)
             await start_attempt_on(conn, _WARM_UID, 1, "warm-up", "warm-up-1")
+            if invocation:  # the runner records it before its first model call
+                await conn.execute(update(attempts).where(
+                    attempts.c.run_uid == _WARM_UID, attempts.c.attempt == 1,
+                ).values(invocation_id="warm-up"))
             await run_state_on(conn, _WARM_UID, 1, previous=True, approvals=True,
                                published=True, usage=True)
-            await _settled_state_on(conn, _WARM_UID, 1, RunStatus.FAILED, None, None, count=True,
-                                    previous=True, approvals=True, published=True,
-                                    usage=True)
-            return True
-        except UNREADABLE:
-            return False
+            await _settled_state_on(conn, _WARM_UID, 1, RunStatus.FAILED, None, None,
+                                    count=True, previous=True, approvals=True,
+                                    published=True, usage=True)
         finally:
             await transaction.rollback()
 

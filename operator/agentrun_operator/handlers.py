@@ -82,6 +82,8 @@ def _needs_look(run: Mapping[str, Any]) -> bool:
 # STORE_WAIT_LONGEST s.
 STORE_WAIT_FIRST = 0.5
 STORE_WAIT_LONGEST = 10.0
+# How long the start-up warm-up of the store may take before the operator goes on without it.
+WARM_TIMEOUT = 30.0
 
 
 async def migrate_when_reachable(url: str) -> None:
@@ -134,8 +136,10 @@ def register(config: OperatorConfig) -> kopf.OperatorRegistry:
             config.database_url, pool_size=config.workers + 2, max_overflow=0), kube=kube)
         # The statements of an eviction's sync, compiled before the first eviction needs them.
         try:
-            await store.warm(ctx.engine)
-        except (SQLAlchemyError, OSError, TimeoutError) as e:  # that eviction compiles them
+            if not await asyncio.wait_for(store.warm(ctx.engine), timeout=WARM_TIMEOUT):
+                log.info("event=store-warm-partial reason=no-session-tables")
+        except (SQLAlchemyError, OSError, ValueError, TimeoutError) as e:
+            # The first eviction compiles them instead.
             metrics.STORE_ERRORS.labels("warm").inc()
             log.warning("event=store-warm-failed error=%r", e)
         # Read at scrape time, in the server's thread: a copy in one step (no iteration

@@ -42,29 +42,48 @@ def test_no_tool_starts_after_settle(any_store: str) -> None:
 
 def test_warming_runs_an_evictions_statements_and_leaves_nothing(any_store: str) -> None:
     """store.warm runs what an eviction's sync runs (run_state, then the fence with its
-    count and what the run then shows) on a run of its own, in a transaction rolled back:
-    the eviction that follows compiles no statement of its own, and the store holds
-    nothing of the warm-up."""
+    count, the session's events included once ADK has made its tables, and what the run
+    then shows) on a run of its own, in a transaction rolled back: the eviction that
+    follows compiles no statement of its own, and the store holds nothing of the
+    warm-up."""
+    from google.adk.sessions.database_session_service import DatabaseSessionService
 
-    async def go(e: AsyncEngine) -> None:
-        await _attempt(e, "w1")
-        await store.open_call(e, "w1", 1, 1, "send_email", "c1", store.args_digest({}))
-        assert await store.warm(e)
-        compiled = dict(e.sync_engine._compiled_cache)  # type: ignore[arg-type]
-        assert compiled  # the cache this test reads is the one SQLAlchemy fills
-        # The operator's sync of an evicted run: its reads, then the fence.
-        before = await store.run_state(e, "w1", 1, approvals=True)
+    async def evict(e: AsyncEngine, uid: str) -> None:
+        """The operator's sync of an evicted run: its reads, then the fence."""
+        await store.open_call(e, uid, 1, 1, "send_email", "c1", store.args_digest({}))
+        cache = e.sync_engine._compiled_cache
+        assert cache is not None
+        compiled = set(cache)
+        before = await store.run_state(e, uid, 1, approvals=True)
         assert before.attempt is not None and before.attempt.status in RunStatus.LIVE
-        state = await store.settle_then_state(e, "w1", 1, RunStatus.FAILED, "Evicted", "x",
+        state = await store.settle_then_state(e, uid, 1, RunStatus.FAILED, "Evicted", "x",
                                               count=True, approvals=True, published=True)
         assert state is not None and state.run is not None
         assert (state.run.status, state.run.tools_executed) == (RunStatus.FAILED,
                                                                 ["send_email"])
-        assert set(e.sync_engine._compiled_cache) == set(compiled)  # type: ignore[arg-type]
+        assert set(cache) == compiled
+
+    async def go(e: AsyncEngine) -> None:
+        # Before the first runner, ADK's tables are not there: warm says so, and runs the
+        # rest (a run that never reached a model call reads no session events).
+        await _attempt(e, "w1")
+        assert not await store.warm(e)
+        await evict(e, "w1")
+        # Once ADK has made them, the session's events are read as well.
+        await DatabaseSessionService(db_engine=e).create_session(
+            app_name="ns/support-agent", user_id="bob", session_id="w2-1")
+        fresh = store.make_engine(any_store)
+        try:
+            await _attempt(fresh, "w2")
+            await store.record_invocation(fresh, "w2", 1, "i2")
+            assert await store.warm(fresh)
+            await evict(fresh, "w2")
+        finally:
+            await fresh.dispose()
         async with e.connect() as conn:
             for table in ("runs", "attempts"):
                 assert (await conn.execute(text(f"SELECT count(*) FROM {table}"))
-                        ).scalar_one() == 1, table
+                        ).scalar_one() == 2, table
 
     query(any_store, go)
 
