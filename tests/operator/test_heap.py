@@ -51,7 +51,10 @@ def test_a_frozen_circle_that_became_garbage_is_freed_by_the_hourly_pass(
     assert ref() is not None  # frozen: the collector does not see it
     settler.settle()  # not an hour yet: still kept
     assert ref() is not None
-    monkeypatch.setattr(heap.time, "monotonic", lambda: settler._whole_at + heap.WHOLE_EVERY)
+    # An hour and a second later: (t + 3600) - t is below 3600 for about one t in 25 in
+    # floating point, so the hour exactly would be a flaky "not yet".
+    monkeypatch.setattr(heap.time, "monotonic",
+                        lambda: settler._whole_at + heap.WHOLE_EVERY + 1.0)
     settler.settle()
     assert ref() is None
 
