@@ -27,7 +27,13 @@ def replay(cluster: Cluster, run: str, *, force: bool, note: str | None, name: s
         print(f"note: AgentRun {run} does not exist in namespace {cluster.namespace}; the "
               "operator will refuse the replay (RunNotFound)", file=sys.stderr)
     existing = cluster.get(REPLAY_PLURAL, name) if name else None
+    before: dict[str, Any] = {}  # its decision before the annotation, if any
+    wait_forced = force
     if existing is not None:
+        before = dict(existing.get("status") or {})
+        # Annotated already: what it says now was decided with the annotation in sight.
+        wait_forced = force and (existing["metadata"].get("annotations") or {}).get(
+            ANNOTATION_FORCE_REPLAY) != "true"
         if existing["spec"].get("runName") != run:
             raise Failure(f"AgentRunReplay {name} replays {existing['spec'].get('runName')}, "
                           f"not {run}")
@@ -40,7 +46,8 @@ def replay(cluster: Cluster, run: str, *, force: bool, note: str | None, name: s
                                                         resume=resume))
         replay_name = created["metadata"]["name"]
         print(f"agentrunreplay/{replay_name} created" + (" (forced)" if force else ""))
-    decided = wait_for_decision(cluster, replay_name, timeout, forced=force)
+    decided = wait_for_decision(cluster, replay_name, timeout, forced=wait_forced,
+                                before=before)
     print_decision(decided)
     return OK if decided["status"]["phase"] == ReplayPhase.APPROVED else REFUSED
 
@@ -62,9 +69,12 @@ def replay_manifest(name: str | None, run: str, *, force: bool = False,
 
 
 def wait_for_decision(cluster: Cluster, name: str, timeout: float, *,
-                      forced: bool = False) -> dict[str, Any]:
-    """Until the replay is decided; when forcing, until its Refused status was looked at
-    again (an Approved status, or a refusal decided after the annotation)."""
+                      forced: bool = False,
+                      before: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Until the replay is decided; when forcing, until its refusal was looked at again:
+    an Approved status, or a refusal other than `before` (its status before the
+    annotation; the operator adds that it examined the annotation) or, with nothing
+    decided before, one decided after the annotation."""
     began = time.monotonic()
     since = time.time()
     while True:
@@ -74,12 +84,21 @@ def wait_for_decision(cluster: Cluster, name: str, timeout: float, *,
         if found is not None and phase == ReplayPhase.APPROVED:
             return found
         if found is not None and phase == ReplayPhase.REFUSED and (
-                not forced or _decided_after(status, since)):
+                not forced or _looked_at_again(status, before or {}, since)):
             return found
         if time.monotonic() - began > timeout:
             raise Failure(f"AgentRunReplay {name} was not decided within {timeout:.0f}s; is the "
                           "agentrun operator running? (kubectl agentrun why " + name + ")")
         time.sleep(0.5)
+
+
+def _looked_at_again(status: dict[str, Any], before: dict[str, Any], since: float) -> bool:
+    if before.get("phase"):
+        # Decided before: decidedAt has whole seconds, and the refusal and the force may
+        # fall in the same one; the decision itself says it was made again.
+        return any(status.get(k) != before.get(k)
+                   for k in ("phase", "reason", "message", "decidedAt"))
+    return _decided_after(status, since)
 
 
 def _decided_after(status: dict[str, Any], since: float) -> bool:
