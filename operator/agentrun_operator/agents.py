@@ -36,6 +36,7 @@ from agentrun import agents, policy, store
 from agentrun.vocabulary import AGENT_PLURAL, AgentReason, Condition, Reason
 from agentrun_operator import events
 from agentrun_operator.controller import Context
+from agentrun_operator.kube import resource_version
 from agentrun_operator.status import condition
 
 if TYPE_CHECKING:
@@ -107,12 +108,8 @@ async def agents_for(ctx: Context, run: Mapping[str, Any]) -> dict[str, dict[str
     """The specs of the Agents of run `run`'s namespace, by name, from a list of the API
     server whose resourceVersion is not older than the run's (see the module docstring):
     the newest list kept for the namespace if it is, else a list now (kept if newer)."""
-    meta = run["metadata"]
-    namespace = meta["namespace"]
-    try:
-        version = int(meta.get("resourceVersion") or 0)
-    except ValueError:  # not a number: no order to rely on, so a list every time
-        version = 0
+    namespace = run["metadata"]["namespace"]
+    version = resource_version(run)  # 0, not a number: no order to rely on, a list each time
     kept = ctx.agent_lists.get(namespace)
     if version and kept is not None and kept[0] >= version:
         return dict(kept[1])  # a copy: what the caller does with it stays out of the list

@@ -52,6 +52,13 @@ def _json(response: Any) -> dict[str, Any]:
     return dict(json.loads(response.data))
 
 
+
+def resource_version(obj: Mapping[str, Any]) -> int:
+    """An object's (or a list's) resourceVersion as a number (etcd's revision: what a list
+    at that version cannot have seen is newer), 0 when it is not one."""
+    version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return int(version) if version.isdigit() else 0
+
 class Kube:
     """A thin async façade over the Kubernetes API for what the operator does."""
 
@@ -162,8 +169,7 @@ class Kube:
             self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, RUN_PLURAL,
             label_selector=label_selector, _preload_content=False)
         listed = _json(response)
-        version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
-        return list(listed.get("items") or []), int(version) if version.isdigit() else 0
+        return list(listed.get("items") or []), resource_version(listed)
 
     async def list_agents(self, namespace: str) -> tuple[list[dict[str, Any]], int]:
         """The Agents of a namespace, as they are now (none where the kind is not served:
@@ -177,8 +183,7 @@ class Kube:
                 return [], 0
             raise
         listed = _json(response)
-        return (list(listed.get("items") or []),
-                int((listed.get("metadata") or {}).get("resourceVersion") or 0))
+        return list(listed.get("items") or []), resource_version(listed)
 
     async def secret_keys(self, namespace: str, name: str) -> set[str] | None:
         """The keys of a Secret (None: it does not exist); its values are not kept."""

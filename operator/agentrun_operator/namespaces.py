@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentrun_operator.controller import Context, newer, slim_run
+from agentrun_operator.kube import resource_version
 from agentrun_operator.reconcile import FINALIZER
 
 log = logging.getLogger("agentrun.operator")
@@ -32,14 +33,14 @@ async def look(ctx: Context, watched: Callable[[str], bool]) -> None:
     for cache in (ctx.runs, ctx.replays, ctx.approvals, ctx.schedules, ctx.triggers,
                   ctx.agents):
         _drop(ctx, cache, [k for k, obj in cache.items() if watched(k[0])
-                           and k[0] not in existing and _version(obj) <= version])
+                           and k[0] not in existing and resource_version(obj) <= version])
     for gone in [ns for ns in ctx.agent_lists if watched(ns) and ns not in existing]:
         ctx.agent_lists.pop(gone, None)  # made again since: its next launch lists anew
     for namespace in sorted(ns for ns in terminating if watched(ns)):
         listed, version = await ctx.kube.list_runs_versioned(namespace)
         names = {r["metadata"]["name"] for r in listed}
         _drop(ctx, ctx.runs, [k for k, obj in ctx.runs.items() if k[0] == namespace
-                              and k[1] not in names and _version(obj) <= version])
+                              and k[1] not in names and resource_version(obj) <= version])
         for run in listed:
             meta = run["metadata"]
             if meta.get("deletionTimestamp") and FINALIZER in (meta.get("finalizers") or []):
@@ -48,11 +49,6 @@ async def look(ctx: Context, watched: Callable[[str], bool]) -> None:
                 ctx.queue.add(("run", namespace, meta["name"]))
 
 
-def _version(obj: dict[str, Any]) -> int:
-    """An object's resourceVersion as a number (etcd's revision: what a list at that
-    version cannot have seen is newer), 0 when it is not one."""
-    version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-    return int(version) if version.isdigit() else 0
 
 
 def _drop(ctx: Context, cache: dict[tuple[str, str], dict[str, Any]],
