@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agentrun.store.dialect import upsert_insert
@@ -89,11 +89,14 @@ async def approvals_of(engine: AsyncEngine, uid: str) -> list[Approval]:
         return await approvals_on(conn, uid)
 
 
+# Built once (see runs._RUN): every settled run's sync reads it.
+_APPROVALS = select(approvals).where(approvals.c.run_uid == bindparam("p_uid")).order_by(
+    approvals.c.attempt, approvals.c.seq)
+
+
 async def approvals_on(conn: AsyncConnection, uid: str) -> list[Approval]:
     """approvals_of, read on `conn`."""
-    rows = await conn.execute(select(approvals).where(approvals.c.run_uid == uid)
-                              .order_by(approvals.c.attempt, approvals.c.seq))
-    return [_approval(r) for r in rows]
+    return [_approval(r) for r in await conn.execute(_APPROVALS, {"p_uid": uid})]
 
 
 async def pending_approval(engine: AsyncEngine, uid: str,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import exists, select, update
+from sqlalchemy import bindparam, exists, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -151,14 +151,14 @@ async def ledger(engine: AsyncEngine, uid: str) -> list[LedgerEntry]:
         return await ledger_on(conn, uid)
 
 
+# Built once (see runs._RUN): every settled run's sync reads it.
+_LEDGER = select(tool_calls).where(tool_calls.c.run_uid == bindparam("p_uid")).order_by(
+    tool_calls.c.attempt, tool_calls.c.seq)
+
+
 async def ledger_on(conn: AsyncConnection, uid: str) -> list[LedgerEntry]:
     """ledger, read on `conn`."""
-    rows = await conn.execute(
-        select(tool_calls)
-        .where(tool_calls.c.run_uid == uid)
-        .order_by(tool_calls.c.attempt, tool_calls.c.seq)
-    )
-    return [_entry(r) for r in rows]
+    return [_entry(r) for r in await conn.execute(_LEDGER, {"p_uid": uid})]
 
 
 def _entry(r: Any) -> LedgerEntry:

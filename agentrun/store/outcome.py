@@ -12,12 +12,13 @@ conversation, not only the part this run made.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import false, func, null, or_, select
+from sqlalchemy import bindparam, false, func, null, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agentrun.store.dialect import upsert_insert
@@ -84,11 +85,14 @@ async def get_result(engine: AsyncEngine, uid: str) -> Result | None:
         return await result_on(conn, uid)
 
 
+# Built once (see runs._RUN): every settled run's sync reads it.
+_RESULT = select(results).where(results.c.run_uid == bindparam("p_uid")).order_by(
+    results.c.attempt.desc()).limit(1)
+
+
 async def result_on(conn: AsyncConnection, uid: str) -> Result | None:
     """get_result, read on `conn`."""
-    row = (await conn.execute(
-        select(results).where(results.c.run_uid == uid)
-        .order_by(results.c.attempt.desc()).limit(1))).one_or_none()
+    row = (await conn.execute(_RESULT, {"p_uid": uid})).one_or_none()
     if row is None:
         return None
     return Result(row.attempt, row.text, row.json, row.digest, row.created_at)
@@ -135,28 +139,40 @@ async def add_usage(engine: AsyncEngine, uid: str, attempt: int, model: str,
             usage.c.model == model))).scalar_one())
 
 
-async def _usage_of(conn: AsyncConnection, uid: str, before: int | None, *,
-                    resumed: bool = False) -> tuple[Usage, str | None]:
-    """The usage of run `uid`'s attempts (those before attempt `before`, if given), and,
-    with `resumed`, the run whose journal it resumes: one statement."""
+@functools.cache
+def _usage_statement(before: bool, resumed: bool) -> Any:
+    """_usage_of's statement, built once for each shape (see runs._RUN): parameters p_uid,
+    and p_before when `before`."""
+    uid = bindparam("p_uid")
     where = [usage.c.run_uid == uid]
     calls = [tool_calls.c.run_uid == uid,
              or_(tool_calls.c.outcome.is_(None),
                  tool_calls.c.outcome.not_in(LedgerOutcome.NOT_RUN))]
-    if before is not None:
-        where.append(usage.c.attempt < before)
-        calls.append(tool_calls.c.attempt < before)
+    if before:
+        where.append(usage.c.attempt < bindparam("p_before"))
+        calls.append(tool_calls.c.attempt < bindparam("p_before"))
     of = select(attempts.c.resumes_run_uid).where(
         attempts.c.run_uid == uid, attempts.c.resumes_run_uid.is_not(None)
     ).order_by(attempts.c.attempt).limit(1).scalar_subquery() if resumed else null()
-    row = (await conn.execute(select(
+    return select(
         func.coalesce(func.sum(usage.c.model_calls), 0),
         func.coalesce(func.sum(usage.c.input_tokens), 0),
         func.coalesce(func.sum(usage.c.output_tokens), 0),
         func.coalesce(func.sum(usage.c.cost_micro_usd), 0),
         func.count().filter(~usage.c.priced),
         select(func.count()).where(*calls).scalar_subquery(),
-        of).where(*where))).one()
+        of).where(*where)
+
+
+async def _usage_of(conn: AsyncConnection, uid: str, before: int | None, *,
+                    resumed: bool = False) -> tuple[Usage, str | None]:
+    """The usage of run `uid`'s attempts (those before attempt `before`, if given), and,
+    with `resumed`, the run whose journal it resumes: one statement."""
+    parameters: dict[str, Any] = {"p_uid": uid}
+    if before is not None:
+        parameters["p_before"] = before
+    row = (await conn.execute(_usage_statement(before is not None, resumed), parameters)
+           ).one()
     return Usage(int(row[0]), int(row[5]), int(row[1]), int(row[2]),
                  None if row[4] else int(row[3])), row[6]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import and_, case, or_, select, update
+from sqlalchemy import and_, bindparam, case, or_, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -133,6 +133,33 @@ def _attempt(row: Row[Any]) -> Attempt:
 
 def _attempt_key(uid: str, attempt: int) -> list[Any]:
     return [attempts.c.run_uid == uid, attempts.c.attempt == attempt]
+
+
+# The statements every sync that reads the store and every fence run, built once with
+# their values as named parameters: SQLAlchemy otherwise builds each again on every call
+# and computes its cache key (about a third of the CPU such a statement costs the
+# operator). `_ENDED` are the parameters of an end (status, reason, message, finished_at).
+_KEY = [attempts.c.run_uid == bindparam("p_uid"), attempts.c.attempt == bindparam("p_attempt")]
+_ENDED = {name: bindparam(f"p_{name}") for name in ("status", "reason", "message", "finished_at")}
+_RUN = select(runs).where(runs.c.uid == bindparam("p_uid"))
+_ATTEMPT = select(attempts).where(*_KEY)
+_SETTLE_ATTEMPT = update(attempts).where(*_KEY, attempts.c.status.in_(RunStatus.LIVE)).values(
+    tools_executed=bindparam("p_tools"), **_ENDED).returning(*attempts.c)
+_SET_ATTEMPT_TOOLS = update(attempts).where(*_KEY).values(
+    tools_executed=bindparam("p_tools")).returning(*attempts.c)
+_SETTLE_RUN = update(runs).where(
+    runs.c.uid == bindparam("p_uid"), runs.c.attempts <= bindparam("p_attempt"),
+    runs.c.status.in_(RunStatus.LIVE),
+).values(attempts=bindparam("p_attempt"), updated_at=bindparam("p_finished_at"),
+         tools_executed=bindparam("p_tools"), **_ENDED)
+_SETTLE_RUN_RETURNING = _SETTLE_RUN.returning(*runs.c)
+
+
+def _ended(uid: str, attempt: int, ended: Mapping[str, Any], tools: list[str] | None
+           ) -> dict[str, Any]:
+    """The parameters of _SETTLE_ATTEMPT and _SETTLE_RUN."""
+    return {"p_uid": uid, "p_attempt": attempt, "p_tools": tools,
+            **{f"p_{name}": ended[name] for name in _ENDED}}
 
 
 async def record_run(
@@ -449,7 +476,7 @@ async def settle_on(
         await conn.execute(select(attempts.c.status).where(*_attempt_key(uid, attempt)))
     ).one_or_none() is not None:
         return False  # another writer settled it first
-    result = await conn.execute(_settle_run(uid, attempt, ended, tools))
+    result = await conn.execute(_SETTLE_RUN, _ended(uid, attempt, ended, tools))
     return won or result.rowcount == 1
 
 
@@ -459,21 +486,16 @@ async def settle_attempt_on(conn: AsyncConnection, uid: str, attempt: int,
     """The attempt's row settled (`ended`: status, reason, message, finished_at) if it is
     still live: the row lock of the fence. Returns the row as written, or None (settled
     by another writer, or never written)."""
-    row = (await conn.execute(
-        update(attempts)
-        .where(*_attempt_key(uid, attempt), attempts.c.status.in_(RunStatus.LIVE))
-        .values(tools_executed=tools, **ended).returning(*attempts.c)
-    )).one_or_none()
+    row = (await conn.execute(_SETTLE_ATTEMPT, _ended(uid, attempt, ended, tools))
+           ).one_or_none()
     return None if row is None else _attempt(row)
 
 
 async def set_attempt_tools_on(conn: AsyncConnection, uid: str, attempt: int,
                                tools: list[str] | None) -> Attempt | None:
     """The settled attempt's tools, once counted; returns its row as written."""
-    row = (await conn.execute(
-        update(attempts).where(*_attempt_key(uid, attempt)).values(tools_executed=tools)
-        .returning(*attempts.c)
-    )).one_or_none()
+    row = (await conn.execute(_SET_ATTEMPT_TOOLS, {
+        "p_uid": uid, "p_attempt": attempt, "p_tools": tools})).one_or_none()
     return None if row is None else _attempt(row)
 
 
@@ -484,20 +506,13 @@ async def settle_run_on(conn: AsyncConnection, uid: str, attempt: int,
     still live at that attempt or before; when this writer `won` the attempt's row and
     the run's was ended already (closed while it waited), its tools at least. Returns the
     run's row as it is after."""
-    row = (await conn.execute(_settle_run(uid, attempt, ended, tools).returning(*runs.c))
-           ).one_or_none()
+    row = (await conn.execute(_SETTLE_RUN_RETURNING,
+                              _ended(uid, attempt, ended, tools))).one_or_none()
     if row is None and won and tools is not None:
         row = (await conn.execute(
             update(runs).where(runs.c.uid == uid, runs.c.attempts == attempt)
             .values(tools_executed=tools).returning(*runs.c))).one_or_none()
     return _run(row) if row is not None else await run_on(conn, uid)
-
-
-def _settle_run(uid: str, attempt: int, ended: Mapping[str, Any], tools: list[str] | None
-                ) -> Any:
-    return update(runs).where(
-        runs.c.uid == uid, runs.c.attempts <= attempt, runs.c.status.in_(RunStatus.LIVE)
-    ).values(attempts=attempt, updated_at=ended["finished_at"], tools_executed=tools, **ended)
 
 
 async def close_run(engine: AsyncEngine, uid: str, attempt: int, status: str,
@@ -545,7 +560,7 @@ async def get_run(engine: AsyncEngine, uid: str) -> Run | None:
 
 async def run_on(conn: AsyncConnection, uid: str) -> Run | None:
     """The run's row, read on `conn` (one read of several in a transaction)."""
-    row = (await conn.execute(select(runs).where(runs.c.uid == uid))).one_or_none()
+    row = (await conn.execute(_RUN, {"p_uid": uid})).one_or_none()
     return None if row is None else _run(row)
 
 
@@ -568,8 +583,7 @@ async def get_attempt(engine: AsyncEngine, uid: str, attempt: int) -> Attempt | 
 
 async def attempt_on(conn: AsyncConnection, uid: str, attempt: int) -> Attempt | None:
     """The attempt's row, read on `conn`."""
-    row = (await conn.execute(select(attempts).where(*_attempt_key(uid, attempt)))
-           ).one_or_none()
+    row = (await conn.execute(_ATTEMPT, {"p_uid": uid, "p_attempt": attempt})).one_or_none()
     return None if row is None else _attempt(row)
 
 
