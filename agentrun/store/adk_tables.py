@@ -73,7 +73,7 @@ def session_is(app_name: str, user_id: str, session_id: str) -> tuple[Any, ...]:
             sessions.c.id == session_id)
 
 
-def events_of(app_name: str, user_id: str, session_id: str) -> tuple[Any, ...]:
-    """The `where` of one session's events."""
+def events_of(app_name: Any, user_id: Any, session_id: Any) -> tuple[Any, ...]:
+    """The `where` of one session's events (values, or bound parameters by name)."""
     return (events.c.app_name == app_name, events.c.user_id == user_id,
             events.c.session_id == session_id)

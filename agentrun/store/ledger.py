@@ -189,15 +189,20 @@ def function_calls_of(event_data: Mapping[str, Any]) -> list[tuple[str, str | No
     return calls
 
 
+# ADK's own table, by column name (adk_tables): reading never creates or migrates it.
+# Built once (see runs._RUN): every eviction of a run that reached a model call reads it.
+_SESSION_EVENTS = select(adk.events.c.timestamp, adk.events.c.event_data).where(
+    *adk.events_of(bindparam("p_app"), bindparam("p_user"), bindparam("p_session")),
+    adk.events.c.invocation_id == bindparam("p_invocation"),
+).order_by(adk.events.c.timestamp, adk.events.c.id)
+
+
 async def _session_calls(
     conn: AsyncConnection, app_name: str, user_id: str, session_id: str, invocation_id: str
 ) -> list[_Call]:
-    # ADK's own table, by column name (adk_tables): reading never creates or migrates it.
-    rows = await conn.execute(
-        select(adk.events.c.timestamp, adk.events.c.event_data)
-        .where(*adk.events_of(app_name, user_id, session_id),
-               adk.events.c.invocation_id == invocation_id)
-        .order_by(adk.events.c.timestamp, adk.events.c.id))
+    rows = await conn.execute(_SESSION_EVENTS, {
+        "p_app": app_name, "p_user": user_id, "p_session": session_id,
+        "p_invocation": invocation_id})
     calls: list[_Call] = []
     for row in rows:
         data = row.event_data

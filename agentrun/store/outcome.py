@@ -143,7 +143,7 @@ async def add_usage(engine: AsyncEngine, uid: str, attempt: int, model: str,
 def _usage_statement(before: bool, resumed: bool) -> Any:
     """_usage_of's statement, built once for each shape (see runs._RUN): parameters p_uid,
     and p_before when `before`."""
-    uid = bindparam("p_uid")
+    uid: Any = bindparam("p_uid")
     where = [usage.c.run_uid == uid]
     calls = [tool_calls.c.run_uid == uid,
              or_(tool_calls.c.outcome.is_(None),

@@ -140,7 +140,8 @@ def _attempt_key(uid: str, attempt: int) -> list[Any]:
 # and computes its cache key (about a third of the CPU such a statement costs the
 # operator). `_ENDED` are the parameters of an end (status, reason, message, finished_at).
 _KEY = [attempts.c.run_uid == bindparam("p_uid"), attempts.c.attempt == bindparam("p_attempt")]
-_ENDED = {name: bindparam(f"p_{name}") for name in ("status", "reason", "message", "finished_at")}
+_ENDED: dict[str, Any] = {
+    name: bindparam(f"p_{name}") for name in ("status", "reason", "message", "finished_at")}
 _RUN = select(runs).where(runs.c.uid == bindparam("p_uid"))
 _ATTEMPT = select(attempts).where(*_KEY)
 _SETTLE_ATTEMPT = update(attempts).where(*_KEY, attempts.c.status.in_(RunStatus.LIVE)).values(
