@@ -243,7 +243,7 @@ comma := ,
 BENCH_OUT := $(if $(BENCH_QUICK),--out -)
 
 .PHONY: bench
-bench: venv controlplane kueue-build ## benchmarks: ledger cost; the store's CPU per eviction beside the floor of its round trips; a tenant's ledger writes while another floods the store API, and while one viewer opens 200 transcript follows; ledger writes during a retention purge of 100,000 records; trigger events accepted beside kubectl create; eviction latency idle and under load, throughput beside the Job controller; runs through a Kueue queue beside Jobs; the operator at rest at scale, and among 20,000 live runs held by a scheduling gate; one run a second with a TTL for 30 minutes beside Jobs with theirs; resume; status writes of live usage and approval latency; schedules; the transcript API's latency
+bench: venv controlplane kueue-build ## benchmarks: ledger cost; the store's CPU per eviction beside ten round trips of SELECT 1; a tenant's ledger writes while another floods the store API, and while one viewer opens 200 transcript follows; ledger writes during a retention purge of 100,000 records; trigger events accepted beside kubectl create; eviction latency idle and under load, throughput beside the Job controller; runs through a Kueue queue beside Jobs; the operator at rest at scale, and among 20,000 live runs held by a scheduling gate; one run a second with a TTL for 30 minutes beside Jobs with theirs; resume; status writes of live usage and approval latency; schedules; the transcript API's latency
 	$(PY) bench/ledger.py $(BENCH_OUT)
 	$(PY) bench/fence.py $(if $(BENCH_QUICK),--evictions 50,) $(BENCH_OUT)
 	$(PY) bench/store_flood.py $(BENCH_OUT)

@@ -30,7 +30,7 @@ from agentrun.store.runs import (
     Run,
     attempt_on,
     record_run_on,
-    run_on,
+    run_and_attempt_on,
     set_attempt_tools_on,
     settle_attempt_on,
     settle_counting_on,
@@ -74,8 +74,9 @@ async def run_state_on(conn: AsyncConnection, uid: str, attempt: int, *,
                        previous: bool = False, approvals: bool = False,
                        published: bool = False, usage: bool = False) -> RunState:
     """run_state on `conn`, in the caller's transaction."""
+    run, row = await run_and_attempt_on(conn, uid, attempt)
     return await _rest_on(conn, uid, attempt, RunState(
-        run=await run_on(conn, uid), attempt=await attempt_on(conn, uid, attempt),
+        run=run, attempt=row,
         approvals=tuple(await approvals_on(conn, uid)) if approvals else (),
         ledger=tuple(await ledger_on(conn, uid)) if published else None),
         previous=previous, published=published, usage=usage)

@@ -97,7 +97,7 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _run(row: Row[Any]) -> Run:
+def _run(row: Any) -> Run:  # a Row, or _Columns
     return Run(
         uid=row.uid, namespace=row.namespace, name=row.name, agent=row.agent,
         trigger=row.trigger, user_id=row.user_id, input_digest=row.input_digest,
@@ -109,7 +109,7 @@ def _run(row: Row[Any]) -> Run:
     )
 
 
-def _outcome(row: Row[Any]) -> Outcome | None:
+def _outcome(row: Any) -> Outcome | None:
     if row.outcome_status is None:
         return None
     return Outcome(
@@ -118,7 +118,7 @@ def _outcome(row: Row[Any]) -> Outcome | None:
     )
 
 
-def _attempt(row: Row[Any]) -> Attempt:
+def _attempt(row: Any) -> Attempt:  # a Row, or _Columns
     return Attempt(
         run_uid=row.run_uid, attempt=row.attempt, pod_name=row.pod_name,
         pod_uid=row.pod_uid, resumes_attempt=row.resumes_attempt,
@@ -154,6 +154,24 @@ _SETTLE_RUN = update(runs).where(
 ).values(attempts=bindparam("p_attempt"), updated_at=bindparam("p_finished_at"),
          tools_executed=bindparam("p_tools"), **_ENDED)
 _SETTLE_RUN_RETURNING = _SETTLE_RUN.returning(*runs.c)
+# The run's row and one attempt's in one statement: each joined to a one-row key, so
+# either may be missing, as with two reads.
+_KEYED = select(bindparam("p_uid", type_=runs.c.uid.type).label("uid")).subquery("keyed")
+_RUN_AND_ATTEMPT = select(*runs.c, *attempts.c).select_from(
+    _KEYED.outerjoin(runs, runs.c.uid == _KEYED.c.uid).outerjoin(attempts, and_(
+        attempts.c.run_uid == _KEYED.c.uid, attempts.c.attempt == bindparam("p_attempt"))))
+
+
+class _Columns:
+    """One table's part of a row that joined several, by the table's own column names."""
+
+    __slots__ = ("_mapping", "_table")
+
+    def __init__(self, row: Row[Any], table: Any) -> None:
+        self._mapping, self._table = row._mapping, table
+
+    def __getattr__(self, name: str) -> Any:
+        return self._mapping[self._table.c[name]]
 
 
 def _ended(uid: str, attempt: int, ended: Mapping[str, Any], tools: list[str] | None
@@ -580,6 +598,15 @@ async def ensure_live(engine: AsyncEngine, uid: str, attempt: int) -> None:
 async def get_attempt(engine: AsyncEngine, uid: str, attempt: int) -> Attempt | None:
     async with autocommit(engine) as conn:
         return await attempt_on(conn, uid, attempt)
+
+
+async def run_and_attempt_on(conn: AsyncConnection, uid: str, attempt: int
+                             ) -> tuple[Run | None, Attempt | None]:
+    """run_on and attempt_on in one statement (one round trip where there were two)."""
+    row = (await conn.execute(_RUN_AND_ATTEMPT, {"p_uid": uid, "p_attempt": attempt})).one()
+    return (None if row._mapping[runs.c.uid] is None else _run(_Columns(row, runs)),
+            None if row._mapping[attempts.c.run_uid] is None
+            else _attempt(_Columns(row, attempts)))
 
 
 async def attempt_on(conn: AsyncConnection, uid: str, attempt: int) -> Attempt | None:

@@ -11,6 +11,7 @@ import pytest
 from agentrun_devtools.processes import free_port
 from google.adk.memory.memory_entry import MemoryEntry
 from google.genai import types
+from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -132,6 +133,52 @@ def test_a_retry_attempt_takes_the_run_and_settles_it(any_store: str) -> None:
         assert await store.settle(e, "u4", 2, RunStatus.SUCCEEDED, "Succeeded", "ok", [])
         run = await store.get_run(e, "u4")
         assert run is not None and (run.status, run.attempts) == (RunStatus.SUCCEEDED, 2)
+
+    query(any_store, go)
+
+
+def test_a_sync_reads_the_run_and_its_attempt_in_one_statement_each_row_as_it_is(
+        any_store: str) -> None:
+    """run_state reads the run's row and the attempt's together: each is what its own read
+    gives (get_run, get_attempt), and either may be missing without the other."""
+
+    async def go(e: AsyncEngine) -> None:
+        await store.record_run(e, "u9", "ns", "r9", "noop-agent", "manual", "bob", "sha256:i")
+        await store.start_attempt(e, "u9", 1, "u9-1", "r9-1")
+        await store.settle(e, "u9", 1, RunStatus.FAILED, "Evicted", "x", ["send_email"])
+        await store.start_attempt(e, "u9", 2, "u9-1", "r9-2", resumes_attempt=1)
+        statements: list[str] = []
+
+        def count(*args: object) -> None:
+            statements.append(str(args[2]))
+
+        sqlalchemy_event.listen(e.sync_engine, "before_cursor_execute", count)
+        try:
+            state = await store.run_state(e, "u9", 1)
+        finally:
+            sqlalchemy_event.remove(e.sync_engine, "before_cursor_execute", count)
+        assert len(statements) == 1, statements
+        assert state.run == await store.get_run(e, "u9")
+        assert state.attempt == await store.get_attempt(e, "u9", 1)
+        assert state.attempt is not None and state.run is not None
+        # The columns both tables have are each the table's own.
+        assert (state.run.status, state.attempt.status) == (RunStatus.RUNNING, RunStatus.FAILED)
+        assert (state.attempt.tools_executed, state.attempt.message) == (["send_email"], "x")
+        assert state.run.attempts == 2
+        second = await store.run_state(e, "u9", 2)
+        assert second.attempt == await store.get_attempt(e, "u9", 2)
+        assert second.attempt is not None and second.attempt.resumes_attempt == 1
+        # An attempt never started: the run alone.
+        third = await store.run_state(e, "u9", 3)
+        assert (third.run, third.attempt) == (state.run, None)
+        # A run never written down: neither.
+        none = await store.run_state(e, "nobody", 1)
+        assert (none.run, none.attempt) == (None, None)
+        # An attempt whose run's row is gone (no foreign key holds it): the attempt alone.
+        async with e.begin() as conn:
+            await conn.execute(text("DELETE FROM runs WHERE uid = 'u9'"))
+        alone = await store.run_state(e, "u9", 1)
+        assert (alone.run, alone.attempt) == (None, state.attempt)
 
     query(any_store, go)
 
