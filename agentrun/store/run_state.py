@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agentrun.ledger import LedgerEntry
@@ -29,6 +28,7 @@ from agentrun.store.runs import (
     Attempt,
     Run,
     attempt_on,
+    record_invocation_on,
     record_run_on,
     run_and_attempt_on,
     set_attempt_tools_on,
@@ -39,7 +39,6 @@ from agentrun.store.runs import (
     start_attempt_on,
     with_resumed_on,
 )
-from agentrun.store.schema import attempts
 from agentrun.store.sessions import SessionClaim, claim_session_on
 from agentrun.vocabulary import RunStatus
 
@@ -193,9 +192,7 @@ async def _warm(engine: AsyncEngine, *, invocation: bool) -> None:
                                 "warm-up", "warm-up", None)
             await start_attempt_on(conn, _WARM_UID, 1, "warm-up", "warm-up-1")
             if invocation:  # the runner records it before its first model call
-                await conn.execute(update(attempts).where(
-                    attempts.c.run_uid == _WARM_UID, attempts.c.attempt == 1,
-                ).values(invocation_id="warm-up"))
+                await record_invocation_on(conn, _WARM_UID, 1, "warm-up")
             await run_state_on(conn, _WARM_UID, 1, previous=True, approvals=True,
                                published=True, usage=True)
             await _settled_state_on(conn, _WARM_UID, 1, RunStatus.FAILED, None, None,

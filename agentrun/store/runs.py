@@ -342,21 +342,27 @@ async def record_invocation(
     only that invocation's session events belong to this attempt. Written once: a second
     invocation could otherwise re-point which session events count for the attempt."""
     async with engine.begin() as conn:
-        result = await conn.execute(
-            update(attempts).where(
-                *_attempt_key(uid, attempt),
-                or_(attempts.c.invocation_id.is_(None), attempts.c.invocation_id == invocation_id),
-            ).values(invocation_id=invocation_id)
-        )
-        if result.rowcount != 1:
-            found = (await conn.execute(
-                select(attempts.c.invocation_id).where(*_attempt_key(uid, attempt))
-            )).one_or_none()
-    if result.rowcount != 1:
-        if found is None:
-            raise RunNotRecorded(f"attempt {attempt} of run {uid} was never begun")
-        raise InvocationRecorded(f"attempt {attempt} of run {uid} already recorded invocation "
-                                 f"{found.invocation_id}; its session events are that turn's")
+        await record_invocation_on(conn, uid, attempt, invocation_id)
+
+
+async def record_invocation_on(conn: AsyncConnection, uid: str, attempt: int,
+                               invocation_id: str) -> None:
+    """record_invocation, in the caller's transaction."""
+    result = await conn.execute(
+        update(attempts).where(
+            *_attempt_key(uid, attempt),
+            or_(attempts.c.invocation_id.is_(None), attempts.c.invocation_id == invocation_id),
+        ).values(invocation_id=invocation_id)
+    )
+    if result.rowcount == 1:
+        return
+    found = (await conn.execute(
+        select(attempts.c.invocation_id).where(*_attempt_key(uid, attempt))
+    )).one_or_none()
+    if found is None:
+        raise RunNotRecorded(f"attempt {attempt} of run {uid} was never begun")
+    raise InvocationRecorded(f"attempt {attempt} of run {uid} already recorded invocation "
+                             f"{found.invocation_id}; its session events are that turn's")
 
 
 async def record_outcome(

@@ -52,12 +52,12 @@ def _json(response: Any) -> dict[str, Any]:
     return dict(json.loads(response.data))
 
 
-
 def resource_version(obj: Mapping[str, Any]) -> int:
     """An object's (or a list's) resourceVersion as a number (etcd's revision: what a list
     at that version cannot have seen is newer), 0 when it is not one."""
     version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
     return int(version) if version.isdigit() else 0
+
 
 class Kube:
     """A thin async façade over the Kubernetes API for what the operator does."""

@@ -49,8 +49,6 @@ async def look(ctx: Context, watched: Callable[[str], bool]) -> None:
                 ctx.queue.add(("run", namespace, meta["name"]))
 
 
-
-
 def _drop(ctx: Context, cache: dict[tuple[str, str], dict[str, Any]],
           gone: list[tuple[str, str]]) -> None:
     for key in gone:
